@@ -1,0 +1,36 @@
+# gradfidelity: one DAG from data to claims verdicts for three papers on bent gradients.
+#   snakemake -c2                         the smoke scale (default), everything
+#   snakemake -c2 --config scale=cpu      workstation scale
+#   snakemake -c2 paper_tables/claims.md  any single output, with what it needs
+# See README.md (targets per claim) and CONTRIBUTING.md (how a study plugs in).
+from snakemake.utils import min_version
+
+from gradfidelity.config import validate_section
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate_section(config, "workflow/schemas/config.schema.yaml", "")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/ds_audit.smk"
+include: "workflow/rules/sft_rl.smk"
+include: "workflow/rules/async_pp.smk"
+include: "workflow/rules/local.smk"
+include: "workflow/rules/stats.smk"
+include: "workflow/rules/report.smk"
+
+
+localrules:
+    all,
+
+
+rule all:
+    input:
+        "paper_tables/claims.md",
+        REPORT_TARGETS,
+    default_target: True

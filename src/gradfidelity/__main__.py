@@ -1,0 +1,5 @@
+import sys
+
+from gradfidelity.cli import main
+
+sys.exit(main())

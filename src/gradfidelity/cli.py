@@ -1,0 +1,71 @@
+"""`gradfidelity <subcommand>`: the one entry point every Snakemake rule calls.
+
+Shared subcommands live here; each study adds its own through `gradfidelity.studies.<study>.cli.register`.
+A UserError (bad config, missing or corrupt input) prints one line and exits 2, before any work is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gradfidelity.errors import UserError
+
+STUDIES = ("ds_audit", "sft_rl", "async_pp", "local")
+
+
+def _stats_check(args) -> int:
+    from gradfidelity.stats.check import write_stats_check
+
+    write_stats_check(args.csv, args.md, args.evidence, args.scale)
+    return 0
+
+
+def _verify(args) -> int:
+    from gradfidelity.claims.report import write_claims_report
+
+    write_claims_report(args.evidence, args.csv, args.md, args.scale)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gradfidelity", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+
+    p = sub.add_parser("stats-check", help="recompute study C's reported statistics from its summary numbers")
+    p.add_argument("--csv", required=True)
+    p.add_argument("--md", required=True)
+    p.add_argument("--evidence", required=True, help="claim evidence JSON to write")
+    p.add_argument("--scale", required=True)
+    p.set_defaults(func=_stats_check)
+
+    p = sub.add_parser("verify", help="compute every claim's verdict from the studies' evidence")
+    p.add_argument("--evidence", nargs="*", default=[], help="results/claims/<study>.json files")
+    p.add_argument("--csv", required=True)
+    p.add_argument("--md", required=True)
+    p.add_argument("--scale", required=True)
+    p.set_defaults(func=_verify)
+
+    for study in STUDIES:
+        try:
+            module = importlib.import_module(f"gradfidelity.studies.{study}.cli")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"gradfidelity.studies.{study}.cli" and exc.name != f"gradfidelity.studies.{study}":
+                raise  # a real import error inside the study must be loud
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"gradfidelity {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Config validation for the Snakefile and the CLI: one line that names the key and the allowed values.
+
+Snakemake's own `validate` also fills in the schema defaults, so it runs after our check; our check only exists to
+turn jsonschema's best-matching error into a message a user can act on before any job starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from gradfidelity.errors import UserError
+
+
+def validate_section(section: dict, schema_path: str | Path, where: str) -> dict:
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(section))
+    if error is not None:
+        key = ".".join(str(p) for p in [where, *error.absolute_path] if p != "")
+        allowed = error.schema.get("enum") if isinstance(error.schema, dict) else None
+        hint = f" (allowed: {', '.join(map(str, allowed))})" if allowed else ""
+        raise UserError(f"bad config key '{key}' ({schema_path}): {error.message}{hint}")
+    from snakemake.utils import validate  # fills defaults in place
+
+    validate(section, str(schema_path))
+    return section

@@ -1,0 +1,93 @@
+"""Peak process-tree PSS, sampled in a background thread.
+
+The kernel keeps a peak for RSS (ru_maxrss) but none for PSS, and RSS double-counts pages shared between a parent
+and its workers (torch libraries, shared-memory rings). PSS charges each shared page 1/k to each of the k processes
+mapping it, so the sum of Pss over a process tree counts shared memory once (study C measures memory this way).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+
+def _pss_bytes(pid: int) -> int:
+    """Pss of one process from /proc/PID/smaps_rollup (kB -> bytes); 0 if it has exited meanwhile."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return 0
+    return 0
+
+
+def tree_pss_bytes(pid: int | None = None) -> int:
+    """Sum of Pss over a process and all of its live descendants."""
+    root = psutil.Process(pid or os.getpid())
+    try:
+        pids = [root.pid] + [child.pid for child in root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    return sum(_pss_bytes(p) for p in pids)
+
+
+class PeakPSS:
+    """Context manager: `with PeakPSS() as mem: ...; mem.peak_bytes`.
+
+    Sampling every `interval` seconds can miss a spike shorter than the interval; the peak is a lower bound, and
+    the record says which interval was used.
+    """
+
+    def __init__(self, pid: int | None = None, interval: float = 0.05):
+        self.pid = pid or os.getpid()
+        self.interval = interval
+        self.peak_bytes = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="peak-pss", daemon=True)
+
+    def sample(self) -> int:
+        value = tree_pss_bytes(self.pid)
+        self.peak_bytes = max(self.peak_bytes, value)
+        self.samples += 1
+        return value
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakPSS:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def record(self) -> dict:
+        return {
+            "peak_tree_pss_bytes": self.peak_bytes,
+            "peak_tree_pss_gib": self.peak_bytes / 2**30,
+            "pss_samples": self.samples,
+            "pss_interval_s": self.interval,
+            "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
+    """Poll `predicate` until it is true or `timeout` seconds pass (used by shutdown checks)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

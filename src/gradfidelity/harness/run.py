@@ -1,0 +1,157 @@
+"""The run harness: one training run = one directory with metrics.json, provenance.json and log.txt.
+
+Why each piece exists:
+- Seeds and thread counts are set on entry and recorded, because the same seed only repeats at the same thread count.
+- Checkpoints hold model/optimizer state dicts *and* every RNG state plus the caller's extra state (step, history),
+  so a run killed with SIGKILL and restarted ends with the same metrics as one that never stopped.
+- A non-finite loss ends the run with status "diverged": it is a result to report, not a crash to hide, and never a
+  plausible-looking number.
+- metrics.json is written last and atomically; its presence means the run finished (Snakemake's output).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from gradfidelity.harness import provenance
+from gradfidelity.harness.io import atomic_torch_save, atomic_write_json
+from gradfidelity.harness.memory import PeakPSS
+from gradfidelity.harness.seeding import rng_state, seed_everything, set_rng_state
+from gradfidelity.harness.threads import configure_threads
+
+CHECKPOINT = "checkpoint.pt"
+
+
+class Diverged(Exception):
+    """Raised by Run.check_finite; caught by Run.__exit__, which records the run as diverged."""
+
+    def __init__(self, step: int, value: float, what: str = "loss"):
+        super().__init__(f"non-finite {what} {value!r} at step {step}")
+        self.step, self.value, self.what = step, value, what
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class Run:
+    def __init__(self, out_dir: str | Path, *, study: str, config: dict, seed: int, threads: int,
+                 checkpoint_every: int | None = None, sample_memory: bool = True):
+        self.dir = Path(out_dir)
+        self.study, self.config, self.seed, self.threads = study, config, seed, threads
+        self.checkpoint_every = checkpoint_every
+        self.status: str | None = None
+        self.resumed_from: int | None = None
+        self._memory = PeakPSS() if sample_memory else None
+        self.log = logging.getLogger(f"gradfidelity.run.{study}")
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Run:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "metrics.json").unlink(missing_ok=True)  # a stale result must never survive a rerun
+        self._handler = logging.FileHandler(self.dir / "log.txt")
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        self.log.addHandler(self._handler)
+        self.log.setLevel(logging.INFO)
+        self.thread_settings = configure_threads(self.threads)
+        seed_everything(self.seed)
+        self.started, self._t0 = _now(), time.perf_counter()
+        if self._memory:
+            self._memory.__enter__()
+        self.log.info("start %s seed=%d threads=%d dir=%s", self.study, self.seed, self.threads, self.dir)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._memory:
+            self._memory.__exit__(None, None, None)
+        suppress = False
+        if isinstance(exc, Diverged):
+            self.log.warning("diverged: %s", exc)
+            self._write_metrics("diverged", {"diverged_at_step": exc.step, "diverged_value": repr(exc.value),
+                                             "diverged_what": exc.what}, {})
+            (self.dir / CHECKPOINT).unlink(missing_ok=True)
+            suppress = True
+        elif exc is not None:
+            self.log.error("failed: %r (checkpoint kept for resume)", exc)
+        self._write_provenance()
+        self.log.removeHandler(self._handler)
+        self._handler.close()
+        return suppress
+
+    # ------------------------------------------------------------------ training-loop helpers
+    def progress(self, iterable: Iterable, **kwargs) -> Iterable:
+        """A tqdm bar on a terminal; silent in logs and under Snakemake (stderr not a TTY)."""
+        return tqdm(iterable, disable=not sys.stderr.isatty(), **kwargs)
+
+    def check_finite(self, value: Any, step: int, what: str = "loss") -> None:
+        v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+        if not math.isfinite(v):
+            raise Diverged(step, v, what)
+
+    def resume(self, state: dict[str, Any]) -> tuple[int, dict]:
+        """Load the checkpoint into `state` objects if one exists; return (next step, extra)."""
+        path = self.dir / CHECKPOINT
+        if not path.exists():
+            return 0, {}
+        ckpt = torch.load(path, weights_only=True)
+        missing = set(state) ^ set(ckpt["state"])
+        if missing:
+            raise RuntimeError(f"checkpoint {path} does not match this run (keys differ: {sorted(missing)})")
+        for key, obj in state.items():
+            obj.load_state_dict(ckpt["state"][key])
+        set_rng_state(ckpt["rng"])
+        self.resumed_from = int(ckpt["step"])
+        self.log.info("resumed from %s at step %d", path, self.resumed_from)
+        return self.resumed_from, ckpt["extra"]
+
+    def checkpoint(self, step: int, state: dict[str, Any], extra: dict | None = None) -> None:
+        atomic_torch_save(self.dir / CHECKPOINT, {
+            "step": step, "state": {k: v.state_dict() for k, v in state.items()},
+            "rng": rng_state(), "extra": extra or {},
+        })
+
+    def maybe_checkpoint(self, step: int, state: dict[str, Any], extra: dict | None = None) -> None:
+        if self.checkpoint_every and step % self.checkpoint_every == 0:
+            self.checkpoint(step, state, extra)
+
+    def finish(self, metrics: dict, timing: dict | None = None) -> None:
+        """Write metrics.json (status ok) and drop the checkpoint: the run is complete."""
+        bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:  # a NaN that slipped past check_finite must not become a table cell
+            raise Diverged(-1, float("nan"), what=f"metric {bad[0]}")
+        self._write_metrics("ok", metrics, timing or {})
+        (self.dir / CHECKPOINT).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ records
+    def _write_metrics(self, status: str, metrics: dict, timing: dict) -> None:
+        self.status = status
+        self.wall_s = time.perf_counter() - self._t0
+        timing = {"wall_s": self.wall_s, **timing}
+        atomic_write_json(self.dir / "metrics.json", {
+            "status": status, "study": self.study, "seed": self.seed, "threads": self.threads,
+            "metrics": metrics, "timing": timing,
+        })
+        self.log.info("status=%s wall=%.1fs", status, self.wall_s)
+
+    def _write_provenance(self) -> None:
+        record = {
+            "study": self.study, "seed": self.seed, "status": self.status,
+            "config": self.config, "config_hash": provenance.config_hash(self.config),
+            "threads": self.thread_settings, "started": self.started, "ended": _now(),
+            "wall_s": time.perf_counter() - self._t0, "resumed_from_step": self.resumed_from,
+            "packages": provenance.package_versions(), "machine": provenance.machine(),
+            **provenance.git_state(Path(__file__).parent),
+        }
+        if self._memory:
+            record["memory"] = self._memory.record()
+        atomic_write_json(self.dir / "provenance.json", record)

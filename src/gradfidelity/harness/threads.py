@@ -1,0 +1,27 @@
+"""Thread settings: set once per run and recorded, because results repeat exactly only at the same thread count
+(reduction order in BLAS and OpenMP kernels depends on it)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_ENV_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def configure_threads(threads: int) -> dict:
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    for key in _ENV_KEYS:  # read by child processes and by libraries initialised later
+        os.environ[key] = str(threads)
+    torch.set_num_threads(threads)
+    return thread_record()
+
+
+def thread_record() -> dict:
+    return {
+        "torch_num_threads": torch.get_num_threads(),
+        "torch_num_interop_threads": torch.get_num_interop_threads(),
+        **{key: os.environ.get(key) for key in _ENV_KEYS},
+    }
