@@ -1,0 +1,83 @@
+"""gradfidelity.stats against independent references (textbook formulas via scipy quantiles, statsmodels,
+a brute-force noncentral-t power search) and against the study-C worked example."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from statsmodels.stats.weightstats import ttost_paired
+
+from gradfidelity.stats import equivalence_tost, implied_sd, noninferiority, paired_ratio_ci, seeds_for_power
+from gradfidelity.stats.check import stats_check_table
+
+rng = np.random.default_rng(0)
+
+
+def test_noninferiority_matches_textbook_bound():
+    bp = rng.uniform(1.5, 1.7, size=7)
+    method = bp * (1 + rng.normal(0.008, 0.01, size=7))
+    res = noninferiority(method, bp, margin_pct=1.0)
+    gaps = 100 * (method - bp) / bp
+    upper = gaps.mean() + stats.t.ppf(0.95, 6) * gaps.std(ddof=1) / math.sqrt(7)
+    assert res.upper_pct == pytest.approx(upper, rel=1e-12)
+    assert res.non_inferior == (upper <= 1.0)
+    assert res.n == 7
+
+
+def test_noninferiority_decides_both_ways():
+    bp = np.full(5, 2.0)
+    assert noninferiority(bp * np.array([1.001, 1.002, 1.0, 1.0015, 1.0005]), bp).non_inferior
+    worse = bp * np.array([1.03, 1.02, 1.025, 1.035, 1.03])
+    assert not noninferiority(worse, bp).non_inferior
+
+
+def test_paired_ratio_ci_is_a_log_t_interval():
+    b = rng.uniform(900, 1100, size=6)
+    a = b * np.exp(rng.normal(0.3, 0.02, size=6))
+    res = paired_ratio_ci(a, b)
+    logr = np.log(a / b)
+    half = stats.t.ppf(0.975, 5) * logr.std(ddof=1) / math.sqrt(6)
+    assert res.ratio == pytest.approx(math.exp(logr.mean()))
+    assert res.low == pytest.approx(math.exp(logr.mean() - half))
+    assert res.high == pytest.approx(math.exp(logr.mean() + half))
+
+
+def test_tost_agrees_with_statsmodels():
+    a = rng.normal(1.30, 0.004, size=8)
+    b = a + rng.normal(0.001, 0.002, size=8)
+    ours = equivalence_tost(a, b, bound=0.005)
+    pvalue, _, _ = ttost_paired(a, b, -0.005, 0.005)
+    assert ours["equivalent"] == (pvalue < 0.05)
+
+
+def test_exact_seeds_match_brute_force_noncentral_t():
+    mean, sd, margin = 0.5, 1.2, 1.0
+    got = seeds_for_power(mean, sd, margin)["exact_t"]
+    d = (margin - mean) / sd
+
+    def power(n):
+        crit = stats.t.ppf(0.95, n - 1)
+        return 1 - stats.nct.cdf(crit, n - 1, d * math.sqrt(n))
+
+    n = 2
+    while power(n) < 0.8:
+        n += 1
+    assert got == n
+
+
+def test_statistics_refuse_nan_from_diverged_runs():
+    with pytest.raises(ValueError, match="non-finite"):
+        noninferiority([1.0, float("nan")], [1.0, 1.0])
+    with pytest.raises(ValueError, match="at least 2"):
+        paired_ratio_ci([1.0], [1.0])
+
+
+def test_worked_example_from_study_c():
+    sd = implied_sd(0.841, 2.095, 5)
+    assert sd == pytest.approx(1.315, abs=5e-4)
+    need = seeds_for_power(0.841, sd, 1.0)
+    assert round(need["normal"]) == 423
+    assert need["exact_t"] == 425
+    table = stats_check_table()
+    assert list(table.loc[table["fits_about_423"], "n"]) == [5]
