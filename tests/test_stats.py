@@ -66,6 +66,13 @@ def test_exact_seeds_match_brute_force_noncentral_t():
     assert got == n
 
 
+def test_exact_seeds_when_the_solver_fails_to_bracket():
+    """A huge effect needs the minimum n; statsmodels' root finder returns NaN there, ours must not."""
+    got = seeds_for_power(0.0, 0.01, 1.0)
+    assert got["exact_t"] == 2
+    assert seeds_for_power(1.2, 1.0, 1.0)["exact_t"] == math.inf  # true gap beyond the margin: never
+
+
 def test_statistics_refuse_nan_from_diverged_runs():
     with pytest.raises(ValueError, match="non-finite"):
         noninferiority([1.0, float("nan")], [1.0, 1.0])

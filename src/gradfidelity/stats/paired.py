@@ -11,6 +11,7 @@ Every function refuses NaN/inf input: a diverged run must be handled explicitly 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -103,5 +104,21 @@ def seeds_for_power(mean_gap: float, sd: float, margin: float = 1.0, alpha: floa
         return {"normal": math.inf, "exact_t": math.inf}
     effect = (margin - mean_gap) / sd
     normal = ((stats.norm.ppf(1 - alpha) + stats.norm.ppf(power)) / effect) ** 2
-    exact = TTestPower().solve_power(effect_size=effect, alpha=alpha, power=power, alternative="larger")
-    return {"normal": float(normal), "exact_t": int(math.ceil(exact))}
+    return {"normal": float(normal), "exact_t": _exact_t_seeds(effect, alpha, power, normal)}
+
+
+def _exact_t_seeds(effect: float, alpha: float, power: float, normal: float) -> int | float:
+    """Smallest n with noncentral-t power >= `power`. statsmodels' root finder returns NaN when its bracket fails
+    (tiny n for huge effects); then the power curve is searched directly, n by n, from 2 (it is monotone in n)."""
+    solver = TTestPower()
+    with warnings.catch_warnings():  # a failed bracket is handled below, not printed
+        warnings.simplefilter("ignore")
+        exact = solver.solve_power(effect_size=effect, alpha=alpha, power=power, alternative="larger")
+    if exact is not None and math.isfinite(float(exact)):
+        return int(math.ceil(float(exact)))
+    if normal > 1e6:
+        return math.inf
+    for n in range(2, int(normal) + 100):
+        if solver.power(effect_size=effect, nobs=n, alpha=alpha, alternative="larger") >= power:
+            return n
+    return math.inf
