@@ -1,0 +1,60 @@
+"""`gradfidelity audit-deepspeed` exit codes: 2 for unusable configs (no DeepSpeed needed), and the issue's must-show
+cases with the real DeepSpeed of each pinned version: ZeRO-2 + offload GA 4 -> [1, 0, 0, 1] exit 3 under 0.18.9,
+[1, 1, 1, 1] exit 0 under the installed 0.19.x."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gradfidelity.cli import main
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "src/gradfidelity/studies/ds_audit/examples/ds_z2_offload_ga4.json"
+
+
+def _audit(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gradfidelity", "audit-deepspeed", *map(str, args)],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("content", ["{ not json", "[1, 2]", json.dumps({"gradient_accumulation_steps": "auto"}),
+                                     json.dumps({"zero_optimization": {"stage": 7}})])
+def test_unusable_config_exits_2_with_one_line(tmp_path, capsys, content):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(content)
+    assert main(["audit-deepspeed", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("gradfidelity audit-deepspeed: error:")
+
+
+def test_unknown_version_exits_2(capsys):
+    assert main(["audit-deepspeed", str(EXAMPLE), "--deepspeed-version", "0.1.0"]) == 2
+    assert "no pinned overlay" in capsys.readouterr().err
+
+
+def test_malformed_config_subprocess_no_traceback(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, ')
+    proc = _audit(cfg)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_buggy_deepspeed_drops_middle_micro_batches():
+    proc = _audit(EXAMPLE, "--deepspeed-version", "0.18.9")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "DeepSpeed 0.18.9" in proc.stdout
+    assert "[1, 0, 0, 1]" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_fixed_deepspeed_counts_every_micro_batch():
+    proc = _audit(EXAMPLE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[1, 1, 1, 1]" in proc.stdout

@@ -1,0 +1,72 @@
+"""Loss aggregation: the weighted-token-sum gradients against independently written losses."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gradfidelity.studies.ds_audit.loss_agg import (
+    METHODS,
+    AggConfig,
+    build_model,
+    gradients,
+    per_token_losses,
+    token_weights,
+)
+
+CFG = AggConfig(micro_batches=3, seqs_per_micro=2, mean_len=8, vocab=16, hidden=16, layers=1)
+
+
+def _flat_grad(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double()
+
+
+def test_weights_sum_to_one_and_match_formulas():
+    lengths = np.array([[3, 9], [5, 5], [2, 12]])  # (M, b) tokens per sequence
+    w = token_weights(lengths)
+    for m in METHODS:
+        assert np.concatenate(w[m]).sum() == pytest.approx(1.0)
+    tok = lengths - 1
+    # per-micro-batch mean: a token of micro-batch m weighs 1 / (M * tokens of m)
+    assert w["per_microbatch_mean"][0][0] == pytest.approx(1 / (3 * tok[0].sum()))
+    # per-sequence mean: 1 / (S * tokens of s)
+    assert w["per_sequence_mean"][1][0] == pytest.approx(1 / (6 * tok[0, 1]))
+
+
+def _direct_loss(name, model, lengths):
+    """The three objectives written the way a training loop writes them (fresh graph each call)."""
+    per_seq = per_token_losses(model, lengths, CFG, seed=0)  # list of (n_s - 1,) in micro-batch order
+    b = lengths.shape[1]
+    if name == "global_token_mean":
+        return torch.cat(per_seq).mean()
+    if name == "per_microbatch_mean":  # what OpenRLHF computed per micro-batch, then DeepSpeed's 1/GA average
+        return torch.stack([torch.cat(per_seq[b * m: b * m + b]).mean() for m in range(lengths.shape[0])]).mean()
+    return torch.stack([s.mean() for s in per_seq]).mean()
+
+
+def test_gradients_equal_the_losses_written_directly():
+    lengths = np.array([[3, 9], [5, 5], [2, 12]])
+    model = build_model(CFG, seed=0)
+    got = gradients(model, per_token_losses(model, lengths, CFG, seed=0), token_weights(lengths))
+    for name in METHODS:
+        ref = _flat_grad(model, _direct_loss(name, model, lengths))
+        torch.testing.assert_close(got[name], ref, rtol=1e-5, atol=1e-7)
+
+
+def test_equal_lengths_make_all_means_coincide():
+    lengths = np.full((3, 2), 7)
+    model = build_model(CFG, seed=1)
+    got = gradients(model, per_token_losses(model, lengths, CFG, seed=1), token_weights(lengths))
+    for m in METHODS[1:]:
+        torch.testing.assert_close(got[m], got["global_token_mean"], rtol=1e-6, atol=1e-9)
+
+
+def test_unequal_lengths_bend_the_gradient():
+    lengths = np.array([[2, 2], [14, 14], [8, 8]])
+    model = build_model(CFG, seed=2)
+    got = gradients(model, per_token_losses(model, lengths, CFG, seed=2), token_weights(lengths))
+    ref = got["global_token_mean"]
+    assert float((got["per_microbatch_mean"] - ref).norm() / ref.norm()) > 0.01
+    assert F.cosine_similarity(got["per_microbatch_mean"], ref, dim=0) < 1

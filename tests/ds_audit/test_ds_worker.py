@@ -1,0 +1,15 @@
+"""The multi-rank driver's bookkeeping: a case is ok only when every rank finished it; an error on any rank wins."""
+
+from gradfidelity.studies.ds_audit.worker import _case_state
+
+
+def test_case_state_merges_ranks():
+    done = {"event": "done", "result": {"contributions": [1.0]}, "seconds": 0.1}
+    r0 = [{"i": 0, "event": "start"}, {"i": 0, **done}, {"i": 1, "event": "start"}, {"i": 1, **done},
+          {"i": 2, "event": "start"}]
+    r1 = [{"i": 0, "event": "start"}, {"i": 0, **done}, {"i": 1, "event": "start"},
+          {"i": 1, "event": "error", "error": "RuntimeError: x"}, {"i": 2, "event": "start"}]
+    assert _case_state([r0, r1], 0)["status"] == "ok"
+    assert _case_state([r0, r1], 1) == {"status": "error", "error": "RuntimeError: x"}
+    assert _case_state([r0, r1], 2) == {}  # started, never finished: the driver records why (hang / crash)
+    assert _case_state([r0, r1[:1]], 0) == {}  # rank 1 never finished case 0

@@ -1,0 +1,101 @@
+# Study A part 1 (ds_audit, arXiv 2604.23747): which DeepSpeed configurations drop micro-batches (real DeepSpeed,
+# CPU accelerator, gloo) and how a per-micro-batch loss mean mis-weights tokens. One job per (version, ranks)
+# group runs every matrix case in the same rank processes (DeepSpeed start-up costs seconds, a case ~0.3 s):
+#   results/ds_audit/matrix/deepspeed~<v>/ranks~<r>/seed0/metrics.json
+# The 0.18.9 groups run under {DS0189_ENV} (the overlay first on PYTHONPATH); the job checks the version it got.
+from gradfidelity.studies.ds_audit.workflow import deepspeed_env, group_threads
+
+DS_AUDIT_CFG = config["ds_audit"]
+DS_AUDIT_GROUPS = expand(
+    "results/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/metrics.json",
+    version=DS_AUDIT_CFG["matrix"]["versions"],
+    ranks=DS_AUDIT_CFG["matrix"]["ranks"],
+)
+DS_AUDIT_TABLES = ["paper_tables/ds_fault_matrix.csv", "paper_tables/ds_fault_matrix.md",
+                   "paper_tables/loss_aggregation.csv", "paper_tables/loss_aggregation.md"]
+DS_AUDIT_FIGURES = ["figures/ds_fault_matrix.png", "figures/loss_aggregation.png"]
+
+CLAIM_EVIDENCE.append("results/claims/ds_audit.json")
+REPORT_TARGETS.extend(DS_AUDIT_TABLES + DS_AUDIT_FIGURES)
+
+
+rule ds_audit_matrix_group:
+    wildcard_constraints:
+        version=r"\d+\.\d+\.\d+",
+        ranks=r"\d+",
+    output:
+        "results/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/metrics.json",
+    params:
+        gf=GF,
+        cfg=study_cfg("ds_audit"),
+        env=deepspeed_env(DS0189_ENV),
+    log:
+        "results/ds_audit/logs/matrix_deepspeed~{version}_ranks~{ranks}.log",
+    benchmark:
+        "results/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/benchmark.tsv"
+    conda:
+        CONDA_ENV
+    threads: group_threads
+    resources:
+        mem_mb=3000,
+        runtime=30,
+    shell:
+        "{params.env} {params.gf} ds-audit-group --cfg {params.cfg} --version {wildcards.version} "
+        "--ranks {wildcards.ranks} --metrics {output} > {log} 2>&1"
+
+
+rule ds_audit_loss_agg:
+    output:
+        "results/ds_audit/loss_agg/seed0/metrics.json",
+    params:
+        gf=GF,
+        cfg=study_cfg("ds_audit"),
+    log:
+        "results/ds_audit/logs/loss_agg.log",
+    benchmark:
+        "results/ds_audit/loss_agg/seed0/benchmark.tsv"
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    shell:
+        "{params.gf} ds-audit-loss-agg --cfg {params.cfg} --metrics {output} > {log} 2>&1"
+
+
+rule ds_audit_tables:
+    input:
+        groups=DS_AUDIT_GROUPS,
+        loss="results/ds_audit/loss_agg/seed0/metrics.json",
+    output:
+        matrix_csv=report("paper_tables/ds_fault_matrix.csv", category="ds_audit"),
+        matrix_md=report("paper_tables/ds_fault_matrix.md", category="ds_audit"),
+        matrix_png=report("figures/ds_fault_matrix.png", category="ds_audit"),
+        loss_csv=report("paper_tables/loss_aggregation.csv", category="ds_audit"),
+        loss_md=report("paper_tables/loss_aggregation.md", category="ds_audit"),
+        loss_png=report("figures/loss_aggregation.png", category="ds_audit"),
+        evidence="results/claims/ds_audit.json",
+    params:
+        gf=GF,
+        scale=SCALE,
+    log:
+        "results/ds_audit/logs/tables.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "{params.gf} ds-audit-tables --groups {input.groups} --loss {input.loss} --matrix-csv {output.matrix_csv} "
+        "--matrix-md {output.matrix_md} --matrix-png {output.matrix_png} --loss-csv {output.loss_csv} "
+        "--loss-md {output.loss_md} --loss-png {output.loss_png} --evidence {output.evidence} "
+        "--scale {params.scale} > {log} 2>&1"
+
+
+rule ds_audit:
+    input:
+        DS_AUDIT_TABLES,
+        DS_AUDIT_FIGURES,
+        "results/claims/ds_audit.json",
