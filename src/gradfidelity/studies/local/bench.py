@@ -1,0 +1,176 @@
+"""Benchmarks of study C, every ratio taken against a reference measured in the same process and minutes.
+
+1. Model FLOP utilisation: BP training at the bench width reaches what fraction of this machine's fp32 matmul
+   rate (square sgemm at the same thread count, measured between the training rounds)? Model FLOPs per token use
+   nanoGPT's estimate 6N + 12 L T D (methods counted the same way for every run).
+2. BP (our model + methods code) vs a plain nanoGPT-style loop of the same shape written independently below
+   (nn.Linear/LayerNorm/SDPA, AdamW, clip): our per-step time must be no worse. Rounds alternate between the two
+   (and the matmul probe) so that machine-load drift hits both; medians are reported.
+3. Peak process-tree PSS of async RGC / BP at the bench width, each run in a fresh forked child of this (still
+   small) process, so neither inherits the other's heap.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gradfidelity.harness.io import atomic_write_json
+from gradfidelity.harness.memory import PeakPSS
+from gradfidelity.harness.threads import configure_threads
+from gradfidelity.studies.local.async_runtime import train_async
+from gradfidelity.studies.local.data import batch_offsets, embedded_enwik8
+from gradfidelity.studies.local.methods import Optimizers, bp_backward
+from gradfidelity.studies.local.model import build_model, flops_per_token
+from gradfidelity.studies.local.settings import LocalSettings, TrainConfig
+
+
+# ----------------------------------------------------------------------------------------------- plain reference
+class _PlainBlock(nn.Module):
+    def __init__(self, d: int, nh: int):
+        super().__init__()
+        self.nh = nh
+        self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.n1(x)).view(B, T, 3, self.nh, D // self.nh).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D)
+        x = x + self.o(a)
+        return x + self.down(F.gelu(self.up(self.n2(x))))
+
+
+class _PlainGPT(nn.Module):
+    def __init__(self, L: int, d: int, nh: int, T: int):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(256, d), nn.Embedding(T, d)
+        self.h = nn.Sequential(*[_PlainBlock(d, nh) for _ in range(L)])
+        self.ln, self.lm = nn.LayerNorm(d), nn.Linear(d, 256, bias=False)
+
+    def forward(self, idx, y):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        return F.cross_entropy(self.lm(self.ln(self.h(x))).view(-1, 256), y.view(-1))
+
+
+# ----------------------------------------------------------------------------------------------- probes
+def matmul_gflops(n: int = 1024, reps: int = 8) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 * reps / best / 1e9
+
+
+def _timed_steps(step, k: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(k):
+        step()
+    return (time.perf_counter() - t0) / k
+
+
+def _pss_child(which: str, t: TrainConfig, width: int, data: torch.Tensor, steps: int) -> None:
+    model = build_model(t.model(width), 0)
+    offsets = batch_offsets(len(data), t.block_size, t.batch_size, steps, 0)
+    if which == "bp":
+        torch.set_num_threads(t.bp_threads)
+        opts = Optimizers([list(model.parameters())], t)
+        from gradfidelity.studies.local.data import get_batch
+
+        for i in range(steps):
+            x, y = get_batch(data, offsets[i], t.block_size)
+            opts.zero_grad()
+            bp_backward(model, x, y)
+            opts.clip_and_step(t.lr)
+    else:
+        train_async(which, model, t, data, offsets)
+
+
+def _pss_of(which: str, t: TrainConfig, width: int, data: torch.Tensor, steps: int) -> float:
+    ctx = mp.get_context("fork")
+    p = ctx.Process(target=_pss_child, args=(which, t, width, data, steps))
+    with PeakPSS(interval=0.02) as mem:  # this process + the child (+ its stage processes)
+        p.start()
+        p.join()
+    if p.exitcode != 0:
+        raise RuntimeError(f"PSS probe {which} exited with code {p.exitcode}")
+    return mem.peak_bytes / 2**30
+
+
+def run_bench(s: LocalSettings, out: Path) -> dict:
+    b = {"width": 384, "n_layer": s.train.n_layer, "batch_size": 8, "block_size": 256, "threads": 2,
+         "steps": 3, "rounds": 3, "pss_steps": 6, **s.bench}
+    t = TrainConfig(**{**s.train.__dict__, "n_layer": b["n_layer"], "batch_size": b["batch_size"],
+                       "block_size": b["block_size"], "steps": b["pss_steps"]})
+    configure_threads(b["threads"])
+    data = torch.frombuffer(bytearray(embedded_enwik8(max(200_000, 40 * b["batch_size"] * b["block_size"]))),
+                            dtype=torch.uint8)
+    # 3. memory first, while this process is small
+    pss_bp = _pss_of("bp", t, b["width"], data, b["pss_steps"])
+    pss_rgc = _pss_of("rgc_async", t, b["width"], data, b["pss_steps"])
+    torch.set_num_threads(b["threads"])
+
+    mcfg = t.model(b["width"])
+    ours = build_model(mcfg, 0)
+    n_params = sum(p.numel() for p in ours.parameters())
+    opts = Optimizers([list(ours.parameters())], t)
+    torch.manual_seed(0)
+    plain = _PlainGPT(mcfg.n_layer, mcfg.d_model, mcfg.n_head, mcfg.block_size)
+    popt = torch.optim.AdamW(plain.parameters(), lr=t.lr, betas=(0.9, 0.95), weight_decay=t.weight_decay)
+    x = torch.randint(0, 256, (b["batch_size"], b["block_size"]))
+    y = torch.randint(0, 256, (b["batch_size"], b["block_size"]))
+
+    def ours_step():
+        opts.zero_grad()
+        bp_backward(ours, x, y)
+        opts.clip_and_step(t.lr)
+
+    def plain_step():
+        popt.zero_grad(set_to_none=True)
+        plain(x, y).backward()
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), t.grad_clip)
+        popt.step()
+
+    ours_step()
+    plain_step()  # warm-up
+    rates, t_ours, t_plain = [], [], []
+    for _ in range(b["rounds"]):
+        rates.append(matmul_gflops())
+        for i in range(b["steps"]):  # single steps, alternating which loop goes first: drift hits both
+            pair = [(t_ours, ours_step), (t_plain, plain_step)]
+            for acc, fn in pair if i % 2 == 0 else reversed(pair):
+                acc.append(_timed_steps(fn, 1))
+    rate = max(rates)  # the machine's capacity: the best probe (a loaded moment only lowers a probe)
+    fpt = flops_per_token(mcfg, n_params)
+    tokens = b["batch_size"] * b["block_size"]
+    ours_gflops = fpt * tokens / statistics.median(t_ours) / 1e9
+    plain_gflops = fpt * tokens / statistics.median(t_plain) / 1e9
+    res = {
+        "settings": b, "n_params": n_params, "flops_per_token": fpt,
+        "matmul_gflops": rate, "matmul_gflops_rounds": rates,
+        "bp_step_s": statistics.median(t_ours), "plain_step_s": statistics.median(t_plain),
+        "bp_model_gflops": ours_gflops, "plain_model_gflops": plain_gflops,
+        "bp_mfu_vs_matmul": ours_gflops / rate, "plain_mfu_vs_matmul": plain_gflops / rate,
+        "bp_speed_vs_plain": statistics.median(t_plain) / statistics.median(t_ours),
+        "pss_bp_gib": pss_bp, "pss_rgc_async_gib": pss_rgc, "pss_ratio_rgc_async_over_bp": pss_rgc / pss_bp,
+        "async_processes": t.n_stages, "threads_per_stage": t.threads_per_stage, "bp_threads_pss": t.bp_threads,
+        "targets": {"bp_mfu_vs_matmul": ">= 0.60", "bp_speed_vs_plain": ">= 1 (no slower; noise ~5%)",
+                    "pss_ratio_rgc_async_over_bp": "<= 1.5"},
+    }
+    res["meets"] = {"mfu": res["bp_mfu_vs_matmul"] >= 0.60, "no_slower_than_plain": res["bp_speed_vs_plain"] >= 0.95,
+                    "pss": res["pss_ratio_rgc_async_over_bp"] <= 1.5}
+    atomic_write_json(out, res)
+    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items() if k not in ("settings",)})
+    return res

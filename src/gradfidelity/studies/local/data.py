@@ -1,0 +1,295 @@
+"""Byte corpora for study C: enwik8 and TinyStories, real or embedded.
+
+Why: the paper trains on enwik8 (primary) and TinyStories. Neither can be downloaded on the project's machines,
+so the real download-and-verify code is kept (tested on local fixtures) and the smoke scale uses an *embedded*
+corpus for each: text generated deterministically from a fixed seed with the same surface form (wiki XML pages;
+`<|endoftext|>`-separated children's stories). Every table that uses an embedded corpus labels it `embedded`.
+
+Sources (facts.md, study C):
+  enwik8       http://mattmahoney.net/dc/enwik8.zip, 100,000,000 bytes, MD5 a1fa5ffddb56f4953e226637dabbb36a,
+               standard split 90M train / 5M val / 5M test.
+  TinyStories  roneneldan/TinyStories, TinyStoriesV2-GPT4-train.txt and -valid.txt; stories separated by
+               `<|endoftext|>`. No checksum is published: we check that the file is non-empty UTF-8 text with the
+               separator. train file -> train split; valid file -> val (first half of its stories) and test.
+
+Prepared splits are raw byte files `<out>/{train,val,test}.bin` plus `meta.json` (source, sizes, md5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gradfidelity.errors import UserError
+from gradfidelity.harness.io import atomic_write_json
+
+ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
+ENWIK8_SIZE = 100_000_000
+ENWIK8_MD5 = "a1fa5ffddb56f4953e226637dabbb36a"
+ENWIK8_SPLIT = (90_000_000, 5_000_000, 5_000_000)
+TINYSTORIES_BASE = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/"
+TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
+EOT = "<|endoftext|>"
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """`source`: embedded (generated here), download (canonical URL), or path (a local copy of the real file:
+    enwik8 or enwik8.zip for enwik8; a folder holding the two TinyStoriesV2-GPT4 files for tinystories)."""
+
+    source: str = "embedded"
+    path: str = ""
+    embedded_bytes: int = 4_000_000
+    widths: tuple[int, ...] = ()  # widths this corpus is trained at; empty = all of local.widths
+
+
+# ----------------------------------------------------------------------------------------------- utilities
+def md5_of(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download(url: str, dest: Path) -> Path:
+    """Stream url (http(s):// or file://) to dest atomically."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    try:
+        with urllib.request.urlopen(url) as r, open(tmp, "wb") as f:
+            shutil.copyfileobj(r, f, length=1 << 22)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"could not download {url} to {dest}: {e}") from e
+    tmp.replace(dest)
+    return dest
+
+
+def verify(path: Path, size: int, md5: str) -> None:
+    """Size first (cheap), then MD5; the error names the file."""
+    actual = path.stat().st_size
+    if actual != size:
+        raise UserError(f"{path}: size {actual} bytes, expected {size} (corrupt or wrong file)")
+    digest = md5_of(path)
+    if digest != md5:
+        raise UserError(f"{path}: MD5 {digest}, expected {md5} (corrupt or wrong file)")
+
+
+def _write_splits(out: Path, parts: dict[str, bytes], meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, blob in parts.items():
+        tmp = out / f"{name}.bin.part"
+        tmp.write_bytes(blob)
+        tmp.replace(out / f"{name}.bin")
+    atomic_write_json(out / "meta.json", {**meta, "sizes": {k: len(v) for k, v in parts.items()}})
+
+
+# ----------------------------------------------------------------------------------------------- enwik8
+def prepare_enwik8(out: Path, local: Path | None = None) -> None:
+    """Download (or take `local`: the enwik8 file or its zip), verify size + MD5 of the unzipped file,
+    and write the standard contiguous split. The module constants are read at call time (tests patch them)."""
+    url, size, md5, split = ENWIK8_URL, ENWIK8_SIZE, ENWIK8_MD5, ENWIK8_SPLIT
+    raw = out / "enwik8"
+    if local is not None:
+        if not local.exists():
+            raise UserError(f"local.enwik8.path: {local} does not exist")
+        src = local
+    else:
+        src = download(url, out / "enwik8.zip")
+    if zipfile.is_zipfile(src):
+        with zipfile.ZipFile(src) as z:
+            if "enwik8" not in z.namelist():
+                raise UserError(f"{src}: zip has no member 'enwik8' (members: {z.namelist()[:5]})")
+            out.mkdir(parents=True, exist_ok=True)
+            with z.open("enwik8") as fin, open(raw, "wb") as fout:
+                shutil.copyfileobj(fin, fout, length=1 << 22)
+        data_path = raw
+    else:
+        data_path = src
+    verify(data_path, size, md5)
+    blob = data_path.read_bytes()
+    a, b, c = split
+    if a + b + c != len(blob):
+        raise UserError(f"split {split} does not add up to the {len(blob)} bytes of {data_path}")
+    _write_splits(out, {"train": blob[:a], "val": blob[a:a + b], "test": blob[a + b:]},
+                  {"corpus": "enwik8", "source": "download" if local is None else f"path:{local}", "md5": md5})
+    if raw.exists() and local is None:
+        raw.unlink()  # the splits hold the same bytes
+
+
+# ----------------------------------------------------------------------------------------------- TinyStories
+def _check_stories(path: Path) -> bytes:
+    if not path.exists():
+        raise UserError(f"{path} does not exist")
+    blob = path.read_bytes()
+    if not blob:
+        raise UserError(f"{path} is empty")
+    try:
+        blob.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text: {e}") from e
+    if EOT.encode() not in blob:
+        raise UserError(f"{path} has no '{EOT}' separator: not a TinyStoriesV2 file")
+    return blob
+
+
+def prepare_tinystories(out: Path, local_dir: Path | None = None) -> None:
+    """train file -> train; valid file -> val (first half of the stories) + test (second half)."""
+    base_url = TINYSTORIES_BASE
+    paths = {}
+    for key, name in TINYSTORIES_FILES.items():
+        if local_dir is not None:
+            paths[key] = local_dir / name
+        else:
+            paths[key] = download(base_url + name, out / name)
+    train = _check_stories(paths["train"])
+    stories = _check_stories(paths["valid"]).split(EOT.encode())
+    half = len(stories) // 2
+    val, test = EOT.encode().join(stories[:half]), EOT.encode().join(stories[half:])
+    _write_splits(out, {"train": train, "val": val, "test": test},
+                  {"corpus": "tinystories", "source": "download" if local_dir is None else f"path:{local_dir}",
+                   "md5": {k: md5_of(p) for k, p in paths.items()}})
+
+
+# ----------------------------------------------------------------------------------------------- embedded
+_SYLL = ["ka", "ri", "to", "ne", "sa", "mo", "lu", "de", "vi", "an", "or", "el", "is", "um", "ta", "ber",
+         "gen", "ist", "ion", "ter", "al", "com", "pro", "ci", "ty", "ment", "hal", "ro", "wen", "dar"]
+
+
+def _lexicon(rng: random.Random, n: int) -> list[str]:
+    words = set()
+    while len(words) < n:
+        words.add("".join(rng.choice(_SYLL) for _ in range(rng.choice((1, 2, 2, 3, 3, 4)))))
+    return sorted(words)
+
+
+def embedded_enwik8(n_bytes: int, seed: int = 8) -> bytes:
+    """Wiki-XML-like pages: titles, [[links]], numbers, a Zipf lexicon and a sticky bigram chain, so the text
+    has both local structure (markup, spelling) and longer-range structure (page topic words recur)."""
+    rng = random.Random(seed)
+    lex = _lexicon(rng, 3000)
+    weights = [1.0 / (i + 1) for i in range(len(lex))]
+    follow = {w: rng.choices(lex, weights, k=6) for w in lex}  # each word's favourite successors
+    parts: list[str] = []
+    size = 0
+    page = 0
+    while size < n_bytes:
+        topic = rng.choices(lex, weights, k=5)
+        title = " ".join(t.capitalize() for t in topic[:2])
+        body = []
+        for _ in range(rng.randint(3, 9)):
+            w = rng.choice(topic)
+            sent = [w.capitalize()]
+            for _ in range(rng.randint(5, 18)):
+                r = rng.random()
+                w = rng.choice(follow[w]) if r < 0.6 else (rng.choice(topic) if r < 0.75 else
+                                                         rng.choices(lex, weights)[0])
+                sent.append(f"[[{w}]]" if rng.random() < 0.08 else w)
+            if rng.random() < 0.2:
+                sent.append(f"in {rng.randint(1500, 2008)}")
+            body.append(" ".join(sent) + ".")
+        text = (f"  <page>\n    <title>{title}</title>\n    <id>{page}</id>\n    <text xml:space=\"preserve\">"
+                f"'''{title}''' " + " ".join(body) + "\n== See also ==\n* [[" + topic[2] + "]]\n</text>\n"
+                "  </page>\n")
+        parts.append(text)
+        size += len(text)
+        page += 1
+    return "".join(parts).encode()[:n_bytes]
+
+
+_NAMES = ["Lily", "Tom", "Mia", "Ben", "Sue", "Max", "Anna", "Tim", "Lucy", "Sam", "Zoe", "Jack"]
+_ANIMALS = ["cat", "dog", "bird", "bunny", "frog", "duck", "bear", "fish", "mouse", "puppy"]
+_THINGS = ["ball", "kite", "box", "hat", "cake", "toy", "book", "flower", "boat", "car", "shell", "drum"]
+_PLACES = ["park", "garden", "forest", "beach", "house", "school", "farm", "river", "hill", "shop"]
+_ADJ = ["big", "small", "red", "blue", "happy", "shiny", "soft", "funny", "old", "green", "little", "kind"]
+_VERBS = ["play", "run", "jump", "dance", "sing", "swim", "read", "draw", "climb", "hide"]
+_FEEL = ["happy", "sad", "scared", "excited", "proud", "sorry", "surprised", "tired"]
+
+
+def embedded_tinystories(n_bytes: int, seed: int = 11) -> bytes:
+    """Short templated children's stories with recurring characters, separated by `<|endoftext|>`."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    size = 0
+    while size < n_bytes:
+        name, friend = rng.sample(_NAMES, 2)
+        animal, thing, place = rng.choice(_ANIMALS), rng.choice(_THINGS), rng.choice(_PLACES)
+        adj, verb, feel = rng.choice(_ADJ), rng.choice(_VERBS), rng.choice(_FEEL)
+        lines = [f"Once upon a time, there was a {adj} {animal} named {name}.",
+                 f"{name} liked to {verb} in the {place} every day."]
+        for _ in range(rng.randint(1, 4)):
+            r = rng.random()
+            if r < 0.3:
+                lines.append(f"One day, {name} found a {rng.choice(_ADJ)} {thing} near the {place}.")
+            elif r < 0.55:
+                lines.append(f"{name} met {friend}. \"Do you want to {rng.choice(_VERBS)} with me?\" "
+                             f"asked {name}. \"Yes!\" said {friend}.")
+            elif r < 0.8:
+                lines.append(f"The {thing} was {rng.choice(_ADJ)}, and {name} felt {rng.choice(_FEEL)}.")
+            else:
+                lines.append(f"{friend} and {name} went to the {rng.choice(_PLACES)} to {verb}.")
+        lines.append(f"In the end, {name} was very {feel}, and they played with the {thing} all day.")
+        text = " ".join(lines) + "\n" + EOT + "\n"
+        out.append(text)
+        size += len(text)
+    return "".join(out).encode()[:n_bytes]
+
+
+def prepare_embedded(corpus: str, out: Path, n_bytes: int) -> None:
+    gen = {"enwik8": embedded_enwik8, "tinystories": embedded_tinystories}[corpus]
+    blob = gen(n_bytes)
+    a = int(0.9 * len(blob))
+    b = int(0.95 * len(blob))  # the same 90/5/5 proportions as enwik8's split
+    _write_splits(out, {"train": blob[:a], "val": blob[a:b], "test": blob[b:]},
+                  {"corpus": corpus, "source": "embedded", "md5": hashlib.md5(blob).hexdigest()})
+
+
+def prepare(corpus: str, cfg: CorpusConfig, out: Path) -> None:
+    """The one entry point the CLI calls."""
+    if cfg.source == "embedded":
+        prepare_embedded(corpus, out, cfg.embedded_bytes)
+    elif corpus == "enwik8":
+        prepare_enwik8(out, local=Path(cfg.path) if cfg.source == "path" else None)
+    else:
+        prepare_tinystories(out, local_dir=Path(cfg.path) if cfg.source == "path" else None)
+
+
+# ----------------------------------------------------------------------------------------------- batches
+def load_split(data_dir: Path, split: str) -> torch.Tensor:
+    path = Path(data_dir) / f"{split}.bin"
+    if not path.exists():
+        raise UserError(f"{path} does not exist (run the local_data rule first)")
+    arr = np.fromfile(path, dtype=np.uint8)
+    return torch.from_numpy(arr)
+
+
+def batch_offsets(n_bytes: int, block: int, batch: int, steps: int, seed: int) -> torch.Tensor:
+    """(steps, batch) start offsets: the data order. Same seed -> same order for BP and every method."""
+    if n_bytes <= block + 1:
+        raise UserError(f"split has {n_bytes} bytes, fewer than block_size + 1 = {block + 1}")
+    g = torch.Generator().manual_seed(10_000 + seed)
+    return torch.randint(0, n_bytes - block - 1, (steps, batch), generator=g)
+
+
+def get_batch(data: torch.Tensor, offsets: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """offsets (B,) -> x, y (B, T) int64, y shifted by one byte."""
+    idx = offsets[:, None] + torch.arange(block + 1)[None, :]  # (B, T+1)
+    chunk = data[idx].long()
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def eval_offsets(n_bytes: int, block: int, n_batches: int, batch: int) -> torch.Tensor:
+    """Evenly spaced, non-random held-out windows: identical for every method and seed."""
+    n = n_batches * batch
+    starts = torch.linspace(0, n_bytes - block - 2, n).long()
+    return starts.view(n_batches, batch)

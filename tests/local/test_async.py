@@ -1,0 +1,127 @@
+"""The async runtime: same numbers as its serial twin, and clean shutdown when a stage raises or is killed
+(the whole run stops, a clear error names the stage, no orphan process, no shared-memory segment left)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from gradfidelity.studies.local.async_runtime import SHM_PREFIX, StageFailure, train_async
+from gradfidelity.studies.local.data import batch_offsets, embedded_enwik8
+from gradfidelity.studies.local.methods import flat, train_serial
+from gradfidelity.studies.local.model import build_model
+from gradfidelity.studies.local.settings import TrainConfig
+
+T = TrainConfig(n_layer=4, n_head=2, block_size=16, batch_size=2, steps=6, warmup=2, n_stages=2, readout_lag=2,
+                threads_per_stage=1, bp_threads=1, eval_batches=1, loss_every=1)
+DATA = torch.frombuffer(bytearray(embedded_enwik8(20_000)), dtype=torch.uint8)
+
+
+def _stage_children() -> list:
+    """Live children of this process, except multiprocessing's resource tracker (a long-lived helper that
+    unlinks leaked segments if this process dies; it is not a stage)."""
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(SHM_PREFIX)}
+
+
+class _NoRun:
+    """The bits of harness.Run that train_serial uses, without a run directory."""
+
+    def resume(self, state):
+        return 0, {}
+
+    def progress(self, it, **kw):
+        return it
+
+    def check_finite(self, value, step, what="loss"):
+        assert torch.isfinite(torch.as_tensor(value))
+
+    def maybe_checkpoint(self, *a, **k):
+        pass
+
+
+def _run_bounded(fn, limit_s: float = 60.0):
+    """Run fn in a thread; a hang (a shutdown that never completes) fails the test instead of stalling it."""
+    box = {}
+
+    def target():
+        try:
+            box["result"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    th.join(limit_s)
+    assert not th.is_alive(), f"async run did not stop within {limit_s} s"
+    return box
+
+
+@pytest.mark.parametrize("method,stages", [("broadcast_async", 2), ("rgc_async", 2), ("rgc_async", 3)])
+def test_async_matches_serial_twin(method, stages):
+    """Step-indexed snapshots make the pipeline deterministic: the same weights as the serial method (with 3
+    stages the RGC gradient sum passes through a middle stage)."""
+    torch.set_num_threads(1)
+    t = TrainConfig(**{**T.__dict__, "n_stages": stages, "n_layer": 2 * stages})
+    offsets = batch_offsets(len(DATA), t.block_size, t.batch_size, t.steps, seed=0)
+    serial = build_model(t.model(16), seed=0)
+    s_res = train_serial(method.replace("_async", "_serial"), serial, t, DATA, offsets, _NoRun())
+    asyn = build_model(t.model(16), seed=0)
+    before = flat(asyn.parameters()).clone()
+    a_res = train_async(method, asyn, t, DATA, offsets)
+    assert not torch.equal(before, flat(asyn.parameters()))  # trained in place, visible to the parent
+    torch.testing.assert_close(flat(asyn.parameters()), flat(serial.parameters()), rtol=1e-5, atol=1e-6)
+    assert [s for s, _ in a_res["losses"]] == [s for s, _ in s_res["losses"]]
+    assert a_res["stage_threads"] == [1] * stages
+    assert not _stage_children()
+
+
+def _assert_clean(before: set[str]) -> None:
+    assert not _stage_children(), "orphan stage process"
+    assert _segments() - before == set(), "leaked shared-memory segment"
+
+
+def test_exception_in_a_stage_stops_the_run():
+    before = _segments()
+    offsets = batch_offsets(len(DATA), T.block_size, T.batch_size, 200, seed=0)
+    t = TrainConfig(**{**T.__dict__, "steps": 200, "n_layer": 6, "n_stages": 3})
+    box = _run_bounded(lambda: train_async("rgc_async", build_model(t.model(16), 0), t, DATA, offsets,
+                                           fault={"stage": 1, "step": 3}))
+    assert isinstance(box.get("error"), StageFailure)
+    assert "stage 1" in str(box["error"]) and "injected fault" in str(box["error"])
+    _assert_clean(before)
+
+
+def test_killed_stage_stops_the_run():
+    before = _segments()
+    t = TrainConfig(**{**T.__dict__, "steps": 100_000})  # far longer than the test: only the kill ends it
+    offsets = batch_offsets(len(DATA), t.block_size, t.batch_size, t.steps, seed=0)
+    pids = []
+
+    def kill_last_stage(procs):
+        pids.extend(p.pid for p in procs)
+        threading.Timer(0.5, os.kill, (procs[-1].pid, signal.SIGKILL)).start()
+
+    box = _run_bounded(lambda: train_async("broadcast_async", build_model(t.model(16), 0), t, DATA, offsets,
+                                           on_start=kill_last_stage))
+    assert isinstance(box.get("error"), StageFailure)
+    assert "stage 1" in str(box["error"]) and "SIGKILL" in str(box["error"])
+    assert pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                            for p in pids)
+    _assert_clean(before)

@@ -1,0 +1,124 @@
+"""Data download/verify on local fixtures (file:// URLs patched in for the canonical ones), corrupt files,
+the TinyStories split, and determinism of the embedded corpora."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+
+import pytest
+
+from gradfidelity.errors import UserError
+from gradfidelity.studies.local import data
+
+
+def _zip_fixture(tmp_path, payload: bytes, name: str = "enwik8"):
+    z = tmp_path / "src" / "enwik8.zip"
+    z.parent.mkdir()
+    with zipfile.ZipFile(z, "w") as f:
+        f.writestr(name, payload)
+    return z
+
+
+@pytest.fixture
+def fake_enwik8(tmp_path, monkeypatch):
+    payload = bytes(range(256)) * 4 + b"tail"  # 1028 bytes
+    z = _zip_fixture(tmp_path, payload)
+    monkeypatch.setattr(data, "ENWIK8_URL", z.as_uri())
+    monkeypatch.setattr(data, "ENWIK8_SIZE", len(payload))
+    monkeypatch.setattr(data, "ENWIK8_MD5", hashlib.md5(payload).hexdigest())
+    monkeypatch.setattr(data, "ENWIK8_SPLIT", (1000, 20, 8))
+    return payload, z
+
+
+def test_enwik8_download_verify_split(tmp_path, fake_enwik8):
+    payload, _ = fake_enwik8
+    out = tmp_path / "out"
+    data.prepare("enwik8", data.CorpusConfig(source="download"), out)
+    assert (out / "train.bin").read_bytes() == payload[:1000]
+    assert (out / "val.bin").read_bytes() == payload[1000:1020]
+    assert (out / "test.bin").read_bytes() == payload[1020:]
+    assert not (out / "enwik8").exists()  # the unzipped copy is not kept twice
+
+
+def test_enwik8_local_copy(tmp_path, fake_enwik8):
+    payload, z = fake_enwik8
+    data.prepare("enwik8", data.CorpusConfig(source="path", path=str(z)), tmp_path / "out")
+    assert (tmp_path / "out" / "val.bin").read_bytes() == payload[1000:1020]
+
+
+def test_enwik8_corrupt_md5_names_the_file(tmp_path, fake_enwik8, monkeypatch):
+    payload, _ = fake_enwik8
+    bad = bytearray(payload)
+    bad[500] ^= 0xFF  # same size, one flipped byte
+    (tmp_path / "x").mkdir()
+    z = _zip_fixture(tmp_path / "x", bytes(bad))
+    monkeypatch.setattr(data, "ENWIK8_URL", z.as_uri())
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match="MD5") as e:
+        data.prepare("enwik8", data.CorpusConfig(source="download"), out)
+    assert str(out / "enwik8") in str(e.value)
+
+
+def test_enwik8_wrong_size(tmp_path, fake_enwik8, monkeypatch):
+    payload, _ = fake_enwik8
+    (tmp_path / "y").mkdir()
+    z = _zip_fixture(tmp_path / "y", payload[:-1])
+    monkeypatch.setattr(data, "ENWIK8_URL", z.as_uri())
+    with pytest.raises(UserError, match="size 1027 bytes, expected 1028"):
+        data.prepare("enwik8", data.CorpusConfig(source="download"), tmp_path / "out")
+
+
+def test_missing_url_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "ENWIK8_URL", (tmp_path / "nope.zip").as_uri())
+    with pytest.raises(UserError, match="could not download"):
+        data.prepare("enwik8", data.CorpusConfig(source="download"), tmp_path / "out")
+
+
+def _stories(n: int, tag: str) -> bytes:
+    return "".join(f"Story {tag}{i} about a cat.\n{data.EOT}\n" for i in range(n)).encode()
+
+
+def test_tinystories_download_and_split(tmp_path, monkeypatch):
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / data.TINYSTORIES_FILES["train"]).write_bytes(_stories(10, "t"))
+    (src / data.TINYSTORIES_FILES["valid"]).write_bytes(_stories(4, "v"))
+    monkeypatch.setattr(data, "TINYSTORIES_BASE", src.as_uri() + "/")
+    out = tmp_path / "out"
+    data.prepare("tinystories", data.CorpusConfig(source="download"), out)
+    assert (out / "train.bin").read_bytes() == _stories(10, "t")
+    val, test = (out / "val.bin").read_bytes(), (out / "test.bin").read_bytes()
+    assert b"v0" in val and b"v1" in val and b"v2" not in val
+    assert b"v2" in test and b"v3" in test and b"v0" not in test
+
+
+def test_tinystories_without_separator_is_rejected(tmp_path):
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / data.TINYSTORIES_FILES["train"]).write_bytes(b"no separators here")
+    (src / data.TINYSTORIES_FILES["valid"]).write_bytes(_stories(2, "v"))
+    with pytest.raises(UserError, match="TinyStoriesV2-GPT4-train.txt"):
+        data.prepare("tinystories", data.CorpusConfig(source="path", path=str(src)), tmp_path / "out")
+
+
+def test_embedded_corpora_are_deterministic_and_shaped(tmp_path):
+    a = data.embedded_enwik8(50_000)
+    assert a == data.embedded_enwik8(50_000) and len(a) == 50_000
+    assert a != data.embedded_enwik8(50_000, seed=9)
+    assert a.startswith(b"  <page>") and b"[[" in a
+    t = data.embedded_tinystories(20_000)
+    assert t == data.embedded_tinystories(20_000) and t.count(data.EOT.encode()) > 20
+    data.prepare("tinystories", data.CorpusConfig(embedded_bytes=20_000), tmp_path / "ts")
+    sizes = [(tmp_path / "ts" / f"{s}.bin").stat().st_size for s in data.SPLITS]
+    assert sizes == [18_000, 1_000, 1_000]
+
+
+def test_batches_are_shifted_and_seeded():
+    stream = data.torch.arange(256, dtype=data.torch.uint8).repeat(4)
+    offs = data.batch_offsets(len(stream), 16, 3, 5, seed=1)
+    assert data.torch.equal(offs, data.batch_offsets(len(stream), 16, 3, 5, seed=1))
+    assert not data.torch.equal(offs, data.batch_offsets(len(stream), 16, 3, 5, seed=2))
+    x, y = data.get_batch(stream, offs[0], 16)
+    assert x.shape == (3, 16) and data.torch.equal(x[:, 1:], y[:, :-1])
+    assert data.torch.equal(y[:, -1], stream[offs[0] + 16].long())

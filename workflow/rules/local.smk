@@ -1,0 +1,177 @@
+# Study C (Lex 2026): bounded-horizon local training on CPUs. Owned by the local study (see CONTRIBUTING.md).
+# data -> one paired job per (corpus, width, seed) -> aggregate + statistics -> tables, figures, claim evidence.
+LOCAL = config["local"]
+LOCAL_SEEDS = list(range(LOCAL["seeds"]))
+LOCAL_MAIN = [m for m in ("bp", "bp_tm", "broadcast_async", "rgc_async") if m in LOCAL["methods"]]
+LOCAL_SERIAL = [m for m in ("live_local", "broadcast_serial", "rgc_serial") if m in LOCAL["methods"]]
+# A training job owns the machine: throughput is the measurement, so two jobs must never share the cores.
+LOCAL_THREADS = max(THREADS, LOCAL["train"]["n_stages"] * LOCAL["train"]["threads_per_stage"])
+# Exported before the interpreter starts (libgomp reads it once, at load).
+LOCAL_OMP = LOCAL["train"].get("omp_wait_policy", "")
+LOCAL_ENV = f"OMP_WAIT_POLICY={LOCAL_OMP} " if LOCAL_OMP else ""
+# Training and report jobs see everything but the bench section (a bench change must not retrain).
+LOCAL_CFG = shlex.quote(json.dumps({k: v for k, v in LOCAL.items() if k != "bench"}, sort_keys=True))
+LOCAL_RUN = "results/local/{corpus}/w{width}/{method}/seed{seed}/metrics.json"
+LOCAL_WIDTHS = {c: (LOCAL["corpora"][c].get("widths") or LOCAL["widths"]) for c in LOCAL["corpora"]}
+
+LOCAL_RUNS = [
+    LOCAL_RUN.format(corpus=c, width=w, method=m, seed=k)
+    for c in LOCAL["corpora"]
+    for w in LOCAL_WIDTHS[c]
+    for k in LOCAL_SEEDS
+    for m in LOCAL_MAIN
+] + [
+    LOCAL_RUN.format(corpus=c, width=w, method=m, seed=k)
+    for c in LOCAL["mechanism_corpora"]
+    for w in LOCAL["mechanism_widths"]
+    for k in LOCAL_SEEDS
+    for m in LOCAL_SERIAL
+]
+
+
+wildcard_constraints:
+    width=r"\d+",
+    seed=r"\d+",
+    corpus="enwik8|tinystories",
+
+
+rule local_data:
+    output:
+        train="results/local/data/{corpus}/train.bin",
+        val="results/local/data/{corpus}/val.bin",
+        meta="results/local/data/{corpus}/meta.json",
+    params:
+        gf=GF,
+        cfg=study_cfg("local", "corpora"),  # only the corpora: a training change must not redo the data
+    log:
+        "results/logs/local/data_{corpus}.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    shell:
+        "{params.gf} local-data --cfg {params.cfg} --corpus {wildcards.corpus}"
+        " --out results/local/data/{wildcards.corpus} > {log} 2>&1"
+
+
+rule local_main:
+    input:
+        train="results/local/data/{corpus}/train.bin",
+    output:
+        expand(LOCAL_RUN, method=LOCAL_MAIN, allow_missing=True),
+    params:
+        gf=GF,
+        cfg=LOCAL_CFG,
+        methods=",".join(LOCAL_MAIN),
+        env=LOCAL_ENV,
+    log:
+        "results/logs/local/main_{corpus}_w{width}_seed{seed}.log",
+    benchmark:
+        "results/local/{corpus}/w{width}/benchmark_main_seed{seed}.tsv"
+    conda:
+        CONDA_ENV
+    threads: LOCAL_THREADS
+    resources:
+        mem_mb=8000,
+        runtime=600,
+    shell:
+        "{params.env}{params.gf} local-cell --cfg {params.cfg} --corpus {wildcards.corpus} --width {wildcards.width}"
+        " --seed {wildcards.seed} --methods {params.methods} --data results/local/data/{wildcards.corpus}"
+        " --root results/local > {log} 2>&1"
+
+
+rule local_mechanism:
+    input:
+        train="results/local/data/{corpus}/train.bin",
+    output:
+        expand(LOCAL_RUN, method=LOCAL_SERIAL, allow_missing=True),
+    params:
+        gf=GF,
+        cfg=LOCAL_CFG,
+        methods=",".join(LOCAL_SERIAL),
+        env=LOCAL_ENV,
+    log:
+        "results/logs/local/mechanism_{corpus}_w{width}_seed{seed}.log",
+    benchmark:
+        "results/local/{corpus}/w{width}/benchmark_mechanism_seed{seed}.tsv"
+    conda:
+        CONDA_ENV
+    threads: LOCAL_THREADS
+    resources:
+        mem_mb=8000,
+        runtime=600,
+    shell:
+        "{params.env}{params.gf} local-cell --cfg {params.cfg} --corpus {wildcards.corpus} --width {wildcards.width}"
+        " --seed {wildcards.seed} --methods {params.methods} --data results/local/data/{wildcards.corpus}"
+        " --root results/local > {log} 2>&1"
+
+
+rule local_report:
+    input:
+        LOCAL_RUNS,
+    output:
+        aggregate="results/local/aggregate.csv",
+        main_csv="paper_tables/local_main.csv",
+        main_md=report("paper_tables/local_main.md", category="local"),
+        mech_csv="paper_tables/local_mechanism.csv",
+        mech_md=report("paper_tables/local_mechanism.md", category="local"),
+        frontier=report("figures/local_frontier.png", category="local"),
+        scaling=report("figures/local_width_scaling.png", category="local"),
+        evidence="results/claims/local.json",
+    params:
+        gf=GF,
+        cfg=LOCAL_CFG,
+        scale=SCALE,
+    log:
+        "results/logs/local/report.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "{params.gf} local-report --cfg {params.cfg} --scale {params.scale} --runs {input}"
+        " --aggregate {output.aggregate} --main-csv {output.main_csv} --main-md {output.main_md}"
+        " --mech-csv {output.mech_csv} --mech-md {output.mech_md} --frontier {output.frontier}"
+        " --scaling {output.scaling} --evidence {output.evidence} > {log} 2>&1"
+
+
+rule local_bench:
+    output:
+        "results/bench/local.json",
+    params:
+        gf=GF,
+        env=LOCAL_ENV,
+        cfg=study_cfg("local"),
+    log:
+        "results/logs/local/bench.log",
+    benchmark:
+        "results/bench/local_benchmark.tsv"
+    conda:
+        CONDA_ENV
+    threads: LOCAL_THREADS
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    shell:
+        "{params.env}{params.gf} local-bench --cfg {params.cfg} --out {output} > {log} 2>&1"
+
+
+rule local:
+    input:
+        rules.local_report.output,
+        "results/bench/local.json",
+
+
+CLAIM_EVIDENCE.append("results/claims/local.json")
+REPORT_TARGETS.extend(
+    [
+        "paper_tables/local_main.md",
+        "paper_tables/local_mechanism.md",
+        "figures/local_frontier.png",
+        "figures/local_width_scaling.png",
+    ]
+)
