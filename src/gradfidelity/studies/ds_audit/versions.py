@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from gradfidelity.errors import UserError
+from gradfidelity.harness.extensions import extensions_dir
 
 OVERLAYS = {"0.18.9": ("GRADFIDELITY_DS0189", ".venv-ds0189")}
 
@@ -78,33 +79,6 @@ def env_for(version: str | None) -> dict[str, str]:
     return env
 
 
-def extensions_dir(version: str) -> Path:
-    """Per-DeepSpeed-version JIT cache inside the repo (see `use_extensions_dir`)."""
-    base = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if base:
-        base_p = Path(base)
-        if base_p.name.startswith("deepspeed-"):
-            base_p = base_p.parent
-    else:
-        root = next((p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file()), Path.cwd())
-        base_p = root / ".cache" / "torch_extensions"
-    return base_p / f"deepspeed-{version}"
-
-
 def shm_op_cached(version: str) -> bool:
     """True when DeepSpeed `version`'s CPU shared-memory comm op is already built in the cache."""
     return (extensions_dir(version) / "deepspeed_shm_comm" / "deepspeed_shm_comm.so").is_file()
-
-
-def use_extensions_dir() -> Path:
-    """Point TORCH_EXTENSIONS_DIR at a per-DeepSpeed-version cache inside the repo, before deepspeed is imported.
-
-    Why: `deepspeed.init_distributed` on the CPU accelerator JIT-builds its shared-memory comm op (about a minute on
-    2 cores). 0.18.9 and 0.19.8 build it from different sources under the same name, so one shared directory would
-    make ninja rebuild it every time the version alternates. The base is $TORCH_EXTENSIONS_DIR (set by the Makefile
-    and the workflow to <repo>/.cache/torch_extensions) or that repo path when unset.
-    """
-    path = extensions_dir(metadata.version("deepspeed"))
-    path.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(path)
-    return path

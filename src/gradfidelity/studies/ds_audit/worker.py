@@ -22,12 +22,12 @@ from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
+from gradfidelity.harness.extensions import use_deepspeed_extensions_dir
 from gradfidelity.studies.ds_audit.ds_step import DSCase
 from gradfidelity.studies.ds_audit.versions import (
     env_for,
     installed_version_noimport,
     shm_op_cached,
-    use_extensions_dir,
 )
 
 GLOO_TIMEOUT_S = 60
@@ -55,7 +55,7 @@ def _short(exc: BaseException) -> str:
 
 def rank_main(jobs_path: str, events_prefix: str, start: int) -> int:
     """Entry point of one rank process (RANK/WORLD_SIZE/MASTER_* come from the environment)."""
-    use_extensions_dir()
+    use_deepspeed_extensions_dir()
     import deepspeed
     import torch.distributed as dist
 
@@ -193,7 +193,7 @@ def warmup_main() -> int:
 
     Why: `init_distributed` JIT-builds it on first use; two ranks building at once, or a rank killed mid-build by the
     driver's hang detector, would leave a stale lock that blocks every later process."""
-    path = use_extensions_dir()
+    path = use_deepspeed_extensions_dir()
     from deepspeed.comm.torch import build_shm_op
 
     build_shm_op()
