@@ -1,0 +1,125 @@
+"""Models: a tiny Qwen2 or Llama built from a transformers config with a character tokenizer built locally.
+
+Why: the Hugging Face hub is unreachable here, and the study needs real transformers checkpoints so that TRL's
+SFTTrainer and GRPOTrainer run unchanged (generation, chat-free prompt/completion handling, DeepSpeed wrapping).
+A character tokenizer over the task alphabet keeps the vocabulary at ~20 symbols, so the model is tiny and fast.
+
+At `paper` scale the base models are the paper's (Qwen2.5-Math-7B, Llama-3.1-8B) loaded by hub id with their own
+tokenizers (`load_pretrained`); that path is real code, dry-run only on this machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradfidelity.errors import UserError
+
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+ALPHABET = "0123456789+-*=,# "
+PAPER_MODELS = {  # config name -> hub id (the paper's two base models)
+    "Qwen2.5-Math-7B": "Qwen/Qwen2.5-Math-7B",
+    "Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One entry of config key `models` (a tiny model built here, or a paper model loaded by hub id)."""
+
+    name: str
+    arch: str = "qwen2"                  # qwen2 | llama
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    max_position: int = 256
+    hub_id: str | None = None            # set for paper models: then the fields above are ignored
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UserError(f"sft_rl.models[{d.get('name')}]: unknown key(s) {sorted(unknown)}")
+        cfg = cls(**d)
+        if cfg.arch not in ("qwen2", "llama"):
+            raise UserError(f"sft_rl.models[{cfg.name}].arch: expected qwen2 or llama, got {cfg.arch!r}")
+        if cfg.hub_id is None and cfg.hidden_size % cfg.num_heads:
+            raise UserError(f"sft_rl.models[{cfg.name}]: hidden_size must be divisible by num_heads")
+        return cfg
+
+
+def build_tokenizer():
+    """A PreTrainedTokenizerFast with one token per character of ALPHABET plus pad/bos/eos (no hub)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {PAD: 0, BOS: 1, EOS: 2}
+    for ch in ALPHABET:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # every character is a token
+    tok.decoder = decoders.Fuse()                                             # decode without separators
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+                                   unk_token=PAD, padding_side="left", clean_up_tokenization_spaces=False)
+    return fast
+
+
+def build_tiny_model(cfg: ModelConfig, tokenizer, seed: int):
+    """A randomly initialised causal LM from a transformers config (deterministic in `seed`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True, dtype="float32",
+    )
+    config = Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def n_params(model) -> int:
+    """Parameter count used for FLOPs accounting (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_checkpoint(path: str | Path):
+    """(model, tokenizer) from a Hugging Face checkpoint directory written by `save_checkpoint`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise UserError(f"{path}: not a Hugging Face checkpoint (no config.json)")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
+    return model, tok
+
+
+def save_checkpoint(model, tokenizer, path: str | Path) -> None:
+    """A normal HF checkpoint (config.json, model.safetensors, tokenizer files), written to a temp dir first
+    and renamed, so a killed job never leaves a half-written checkpoint that a later rule would trust."""
+    import shutil
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+
+
+def load_pretrained(cfg: ModelConfig):
+    """Paper scale: the paper's base model and tokenizer from the hub (bf16, as the paper's runs)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if cfg.hub_id is None:
+        raise UserError(f"sft_rl.models[{cfg.name}]: hub_id is required to load a pretrained model")
+    tok = AutoTokenizer.from_pretrained(cfg.hub_id)
+    model = AutoModelForCausalLM.from_pretrained(cfg.hub_id, dtype="bfloat16")
+    return model, tok

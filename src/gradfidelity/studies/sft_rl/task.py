@@ -1,0 +1,160 @@
+"""A verifiable reasoning task: chains of modular arithmetic with step-by-step expert demonstrations.
+
+Why this task: the paper's comparison needs (a) prompts with an exactly checkable answer (the RL reward),
+(b) an expert demonstration per prompt (the SFT target and the mixed-policy methods' off-policy data), and
+(c) held-out sets of rising difficulty standing in for the math benchmarks. A chain of one-digit operations
+modulo 10 has all three and a tiny model can learn it on CPU in minutes.
+
+    prompt        "7+5-3+8="
+    demonstration "7+5=2,2-3=9,9+8=7#7"      (evaluated left to right, every partial result mod 10)
+    answer        "7"                         (the text after the last '#')
+
+Evaluation sets (the benchmark stand-ins):
+    id    same operators (+, -) and chain lengths as training          (in distribution)
+    long  longer chains than any training prompt                       (longer / harder)
+    ood   chains that contain '*', an operator that never appears in SFT or RL prompts; the base model saw
+          single '*' facts during pretraining only                     (out of distribution)
+
+Every set is generated from its own seed stream; eval problems that also occur in the train split are dropped,
+so the held-out sets are disjoint from training.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from gradfidelity.errors import UserError
+
+OPS = {"+": lambda a, b, m: (a + b) % m, "-": lambda a, b, m: (a - b) % m, "*": lambda a, b, m: (a * b) % m}
+ANSWER_MARK = "#"
+EVAL_SETS = ("id", "long", "ood")
+# Different fixed offsets per split: the same task seed never produces the same stream for two splits.
+_SPLIT_OFFSET = {"train": 0, "id": 1_000_003, "long": 2_000_003, "ood": 3_000_017, "pretrain": 4_000_037}
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Sizes and difficulty of each split (config key `task`)."""
+
+    seed: int = 1234
+    modulus: int = 10
+    n_train: int = 512
+    n_eval: int = 64
+    train_ops: tuple[int, int] = (2, 4)      # inclusive range of operators per chain (train and `id`)
+    long_ops: tuple[int, int] = (6, 8)       # the `long` set
+    n_pretrain: int = 4000                   # lines of unlabeled pretraining text
+    pretrain_worked_ops: tuple[int, int] = (1, 2)  # worked examples in the pretraining text are this short
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TaskConfig:
+        unknown = set(d) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise UserError(f"sft_rl.task: unknown key(s) {sorted(unknown)}")
+        cfg = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        for key in ("train_ops", "long_ops", "pretrain_worked_ops"):
+            lo, hi = getattr(cfg, key)
+            if not 1 <= lo <= hi:
+                raise UserError(f"sft_rl.task.{key}: need 1 <= lo <= hi, got {[lo, hi]}")
+        if cfg.modulus < 2 or cfg.modulus > 10:
+            raise UserError(f"sft_rl.task.modulus: must be in 2..10 (one digit per value), got {cfg.modulus}")
+        return cfg
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str        # "7+5-3+8="
+    solution: str      # "7+5=2,2-3=9,9+8=7#7"  (the expert demonstration, no EOS)
+    answer: str        # "7"
+
+
+def solve(first: int, steps: list[tuple[str, int]], modulus: int) -> Problem:
+    """The expert: evaluate left to right, writing every partial result."""
+    prompt = str(first) + "".join(f"{op}{b}" for op, b in steps) + "="
+    value, lines = first, []
+    for op, b in steps:
+        new = OPS[op](value, b, modulus)
+        lines.append(f"{value}{op}{b}={new}")
+        value = new
+    return Problem(prompt, ",".join(lines) + f"{ANSWER_MARK}{value}", str(value))
+
+
+def _random_problem(rng: random.Random, n_ops: int, ops: str, modulus: int, need: str | None = None) -> Problem:
+    chosen = [rng.choice(ops) for _ in range(n_ops)]
+    if need and need not in chosen:
+        chosen[rng.randrange(n_ops)] = need
+    steps = [(op, rng.randrange(modulus)) for op in chosen]
+    return solve(rng.randrange(modulus), steps, modulus)
+
+
+def _split_spec(cfg: TaskConfig, split: str) -> tuple[tuple[int, int], str, str | None, int]:
+    if split in ("train", "id"):
+        return cfg.train_ops, "+-", None, cfg.n_train if split == "train" else cfg.n_eval
+    if split == "long":
+        return cfg.long_ops, "+-", None, cfg.n_eval
+    if split == "ood":
+        return cfg.train_ops, "+-*", "*", cfg.n_eval
+    raise UserError(f"unknown split {split!r}; expected train or one of {EVAL_SETS}")
+
+
+def make_split(cfg: TaskConfig, split: str) -> list[Problem]:
+    """Deterministic problems of one split (same cfg -> same list, in the same order, on every machine)."""
+    (lo, hi), ops, need, n = _split_spec(cfg, split)
+    rng = random.Random(cfg.seed + _SPLIT_OFFSET[split])
+    exclude = set() if split == "train" else {p.prompt for p in make_split(cfg, "train")}
+    out, seen = [], set()
+    budget = 200 * n + 1000  # small spaces (short chains) may not hold n distinct prompts: fail loudly
+    while len(out) < n and budget > 0:
+        budget -= 1
+        p = _random_problem(rng, rng.randint(lo, hi), ops, cfg.modulus, need)
+        if p.prompt in seen or p.prompt in exclude:
+            continue
+        seen.add(p.prompt)
+        out.append(p)
+    if len(out) < n:
+        raise UserError(f"sft_rl.task: split {split!r} has only {len(out)} distinct problems, asked {n}")
+    return out
+
+
+def pretrain_corpus(cfg: TaskConfig) -> list[str]:
+    """Unlabeled task text for the base model: operator facts (all three operators), bare prompts of the
+    training distribution (no solutions), and a few short worked chains, like a base model's web math."""
+    rng = random.Random(cfg.seed + _SPLIT_OFFSET["pretrain"])
+    lines = []
+    for i in range(cfg.n_pretrain):
+        kind = i % 3
+        if kind == 0:
+            a, b, op = rng.randrange(cfg.modulus), rng.randrange(cfg.modulus), rng.choice("+-*")
+            lines.append(f"{a}{op}{b}={OPS[op](a, b, cfg.modulus)}")
+        elif kind == 1:
+            lo, hi = cfg.train_ops
+            lines.append(_random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus).prompt)
+        else:
+            lo, hi = cfg.pretrain_worked_ops
+            p = _random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus)
+            lines.append(p.prompt + p.solution)
+    return lines
+
+
+def extract_answer(completion: str) -> str | None:
+    """The text after the last '#', up to the first whitespace; None if there is no '#'."""
+    if ANSWER_MARK not in completion:
+        return None
+    tail = completion.rsplit(ANSWER_MARK, 1)[1].strip()
+    return tail.split()[0] if tail else ""
+
+
+def is_correct(completion: str, answer: str) -> bool:
+    """Exact match of the extracted answer (the verifiable reward is 1.0 iff this is True)."""
+    got = extract_answer(completion)
+    return got is not None and got == answer
+
+
+def accuracy_table(correct: dict[str, list[bool]]) -> dict[str, float]:
+    """Accuracy in points (0-100) per evaluation set and their unweighted macro average."""
+    missing = [s for s in EVAL_SETS if s not in correct or not correct[s]]
+    if missing:
+        raise ValueError(f"no results for evaluation set(s) {missing}")
+    acc = {f"acc_{s}": 100.0 * sum(correct[s]) / len(correct[s]) for s in EVAL_SETS}
+    acc["acc_macro"] = sum(acc[f"acc_{s}"] for s in EVAL_SETS) / len(EVAL_SETS)
+    return acc

@@ -1,0 +1,129 @@
+# Study A part 2 (sft_rl, arXiv 2604.23747): SFT-then-RL vs mixed-policy methods on fixed and buggy infrastructure,
+# TRL SFTTrainer / GRPOTrainer on DeepSpeed ZeRO-2 + CPU optimizer offload.
+#   results/sft_rl/<model>/base/seed0/                  base model (pretrained on unlabeled task text), shared
+#   results/sft_rl/<model>/<variant>/sft/seed<k>/       SFT; ds_bug/both run under {DS0189_ENV}
+#   results/sft_rl/<model>/<variant>/<method>/seed<k>/  rl, sft_then_rl, luffy, srft, relift, hpt (GRPO-based)
+# Checkpoints are shared through rule outputs: every SFT-then-RL reads its SFT run, every method the base model.
+from gradfidelity.studies.sft_rl import plan as sft_rl_plan
+from gradfidelity.studies.sft_rl.workflow import deepspeed_env as sft_rl_ds_env, rl_init as sft_rl_rl_init
+
+SFT_RL = config["sft_rl"]
+SFT_RL_ROOT = "results/sft_rl"
+SFT_RL_RUNS = sft_rl_plan.planned_runs(SFT_RL, SFT_RL_ROOT)
+SFT_RL_TABLES = ["paper_tables/sft_rl_main.csv", "paper_tables/sft_rl_main.md",
+                 "paper_tables/sft_rl_bug_ablation.csv", "paper_tables/sft_rl_bug_ablation.md"]
+SFT_RL_FIGURES = ["figures/sft_rl_score_vs_flops.png", "figures/sft_rl_reward_curves.png"]
+
+CLAIM_EVIDENCE.append("results/claims/sft_rl.json")
+REPORT_TARGETS.extend(SFT_RL_TABLES + SFT_RL_FIGURES)
+
+
+rule sft_rl_base:
+    output:
+        "results/sft_rl/{model}/base/seed0/metrics.json",
+    params:
+        gf=GF,
+        cfg=study_cfg("sft_rl"),
+    log:
+        "results/sft_rl/logs/{model}_base.log",
+    benchmark:
+        "results/sft_rl/{model}/base/seed0/benchmark.tsv"
+    conda:
+        CONDA_ENV
+    threads: SFT_RL["threads"]
+    resources:
+        mem_mb=SFT_RL["slurm"]["mem_mb"],
+        runtime=SFT_RL["slurm"]["runtime_min"],
+    shell:
+        "{params.gf} sft-rl-pretrain --cfg {params.cfg} --model {wildcards.model} --out $(dirname {output}) > {log} 2>&1"
+
+
+rule sft_rl_sft:
+    wildcard_constraints:
+        variant="fixed|ds_bug|agg_bug|both",
+        seed=r"\d+",
+    input:
+        base="results/sft_rl/{model}/base/seed0/metrics.json",
+    output:
+        "results/sft_rl/{model}/{variant}/sft/seed{seed}/metrics.json",
+    params:
+        gf=GF,
+        cfg=study_cfg("sft_rl"),
+        env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "sft"),
+    log:
+        "results/sft_rl/logs/{model}_{variant}_sft_seed{seed}.log",
+    benchmark:
+        "results/sft_rl/{model}/{variant}/sft/seed{seed}/benchmark.tsv"
+    conda:
+        CONDA_ENV
+    threads: SFT_RL["threads"]
+    resources:
+        mem_mb=SFT_RL["slurm"]["mem_mb"],
+        runtime=SFT_RL["slurm"]["runtime_min"],
+    shell:
+        "{params.env} {params.gf} sft-rl-sft --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
+        "--seed {wildcards.seed} --base $(dirname {input.base}) --out $(dirname {output}) > {log} 2>&1"
+
+
+rule sft_rl_rl:
+    wildcard_constraints:
+        variant="fixed|ds_bug|agg_bug|both",
+        method="rl|sft_then_rl|luffy|srft|relift|hpt",
+        seed=r"\d+",
+    input:
+        init=sft_rl_rl_init(SFT_RL, SFT_RL_ROOT),
+    output:
+        "results/sft_rl/{model}/{variant}/{method}/seed{seed}/metrics.json",
+    params:
+        gf=GF,
+        cfg=study_cfg("sft_rl"),
+        env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "rl"),
+    log:
+        "results/sft_rl/logs/{model}_{variant}_{method}_seed{seed}.log",
+    benchmark:
+        "results/sft_rl/{model}/{variant}/{method}/seed{seed}/benchmark.tsv"
+    conda:
+        CONDA_ENV
+    threads: SFT_RL["threads"]
+    resources:
+        mem_mb=SFT_RL["slurm"]["mem_mb"],
+        runtime=SFT_RL["slurm"]["runtime_min"],
+    shell:
+        "{params.env} {params.gf} sft-rl-rl --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
+        "--method {wildcards.method} --seed {wildcards.seed} --init $(dirname {input.init}) "
+        "--out $(dirname {output}) > {log} 2>&1"
+
+
+rule sft_rl_aggregate:
+    input:
+        SFT_RL_RUNS,
+    output:
+        main_csv="paper_tables/sft_rl_main.csv",
+        main_md=report("paper_tables/sft_rl_main.md", category="sft_rl"),
+        abl_csv="paper_tables/sft_rl_bug_ablation.csv",
+        abl_md=report("paper_tables/sft_rl_bug_ablation.md", category="sft_rl"),
+        flops_fig=report("figures/sft_rl_score_vs_flops.png", category="sft_rl"),
+        reward_fig=report("figures/sft_rl_reward_curves.png", category="sft_rl"),
+        evidence="results/claims/sft_rl.json",
+    params:
+        gf=GF,
+        cfg=study_cfg("sft_rl"),
+        scale=SCALE,
+    log:
+        "results/sft_rl/logs/aggregate.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "{params.gf} sft-rl-aggregate --cfg {params.cfg} --runs {input} --scale {params.scale} --tables paper_tables "
+        "--figures figures --evidence {output.evidence} > {log} 2>&1"
+
+
+rule sft_rl:
+    input:
+        SFT_RL_TABLES,
+        SFT_RL_FIGURES,
+        "results/claims/sft_rl.json",
