@@ -1,0 +1,115 @@
+"""One registry for the six optimizers of study B, with `momentum` as the one name for the momentum decay.
+
+Implementations: AdamW from torch.optim; Muon, SOAP, Adan, Lion, MARS from pytorch-optimizer (>= 4.1.0: 3.9.0
+inverted Muon's LR scaling). Muon updates the hidden weight matrices only; the embedding, the LM head and the norm
+gains go to its built-in AdamW groups (`use_muon=False`), as in Keller Jordan's reference.
+
+Defaults (chosen before any result was seen; the paper's appendix values are unknown):
+| optimizer | lr | momentum maps to | other | source |
+|---|---|---|---|---|
+| adamw | 2e-3 | betas[0] 0.9 | beta2 0.95, wd 0.1, eps 1e-8 | nanoGPT/SmolLM betas, wd |
+| muon | 0.02 | momentum 0.95 | nesterov, 5 NS steps; aux AdamW 2e-3, (0.9, 0.95), wd 0.1 | K. Jordan muon.py |
+| soap | 3e-3 | betas[0] 0.95 | beta2 0.95, wd 0.01, precondition every 10 | SOAP reference defaults |
+| adan | 2e-3 | betas[0] 0.98 | betas (0.98, 0.92, 0.99), decoupled wd 0.02 | Adan paper betas |
+| lion | 4e-4 | betas[1] 0.99 | beta1 0.9, decoupled wd 0.5 | Lion paper: lr 3-10x lower, wd higher |
+| mars | 3e-3 | betas[0] 0.95 | beta2 0.99, gamma 0.025, wd 0.1; 1-D params AdamW | MARS reference defaults |
+
+Lion's `momentum` is beta2, the decay of its momentum buffer (beta1 only interpolates the sign argument); for the
+others it is the decay of the first-moment / momentum buffer. The momentum sweep (AdamW and Muon) changes only this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytorch_optimizer as po
+import torch
+from torch import nn
+
+from gradfidelity.errors import UserError
+
+
+@dataclass(frozen=True)
+class OptSpec:
+    lr: float
+    momentum: float
+    weight_decay: float
+    extra: dict = field(default_factory=dict)
+    source: str = ""
+
+
+REGISTRY: dict[str, OptSpec] = {
+    "adamw": OptSpec(2e-3, 0.9, 0.1, {"beta2": 0.95, "eps": 1e-8}, "torch.optim.AdamW; nanoGPT/SmolLM betas"),
+    "muon": OptSpec(0.02, 0.95, 0.0, {"adamw_lr": 2e-3, "adamw_wd": 0.1, "nesterov": True, "ns_steps": 5},
+                    "pytorch_optimizer.Muon; Keller Jordan muon.py defaults"),
+    "soap": OptSpec(3e-3, 0.95, 0.01, {"beta2": 0.95, "precondition_frequency": 10},
+                    "pytorch_optimizer.SOAP; SOAP reference defaults"),
+    "adan": OptSpec(2e-3, 0.98, 0.02, {"beta2": 0.92, "beta3": 0.99}, "pytorch_optimizer.Adan; Adan paper betas"),
+    "lion": OptSpec(4e-4, 0.99, 0.5, {"beta1": 0.9}, "pytorch_optimizer.Lion; Lion paper lr/wd rules"),
+    "mars": OptSpec(3e-3, 0.95, 0.1, {"beta2": 0.99, "gamma": 0.025}, "pytorch_optimizer.MARS; MARS defaults"),
+}
+OPTIMIZERS = tuple(REGISTRY)
+
+
+def _is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
+    return p.ndim >= 2 and name.startswith("layers.")
+
+
+def build_optimizer(name: str, named_params: list[tuple[str, nn.Parameter]], *, lr: float | None = None,
+                    momentum: float | None = None) -> torch.optim.Optimizer:
+    """Build optimizer `name` over `named_params` (a whole model or one pipeline stage: grouping is by parameter
+    name, so a stage's optimizer treats each parameter exactly as the whole-model optimizer does).
+
+    Matrices get weight decay, 1-D gains do not. Every group records `base_lr` for the LR schedule.
+    """
+    if name not in REGISTRY:
+        raise UserError(f"async_pp optimizer {name!r} not in {sorted(REGISTRY)}")
+    spec = REGISTRY[name]
+    lr = spec.lr if lr is None else float(lr)
+    mom = spec.momentum if momentum is None else float(momentum)
+    if not 0.0 <= mom < 1.0:
+        raise UserError(f"async_pp momentum {mom} must be in [0, 1)")
+    x = spec.extra
+    mats = [p for n, p in named_params if p.ndim >= 2]
+    vecs = [p for n, p in named_params if p.ndim < 2]
+    if name == "adamw":
+        groups = [{"params": mats, "weight_decay": spec.weight_decay}, {"params": vecs, "weight_decay": 0.0}]
+        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(mom, x["beta2"]), eps=x["eps"])
+    elif name == "muon":
+        hidden = [p for n, p in named_params if _is_hidden_matrix(n, p)]
+        other_m = [p for n, p in named_params if p.ndim >= 2 and not _is_hidden_matrix(n, p)]
+        groups = [{"params": hidden, "use_muon": True, "lr": lr, "weight_decay": spec.weight_decay},
+                  {"params": other_m, "use_muon": False, "lr": x["adamw_lr"], "weight_decay": x["adamw_wd"]},
+                  {"params": vecs, "use_muon": False, "lr": x["adamw_lr"], "weight_decay": 0.0}]
+        opt = po.Muon([g for g in groups if g["params"]], lr=lr, momentum=mom, nesterov=x["nesterov"],
+                      ns_steps=x["ns_steps"], adamw_lr=x["adamw_lr"], adamw_betas=(0.9, 0.95), foreach=False)
+    else:
+        groups = [{"params": mats, "weight_decay": spec.weight_decay}, {"params": vecs, "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        if name == "soap":
+            opt = po.SOAP(groups, lr=lr, betas=(mom, x["beta2"]), precondition_frequency=x["precondition_frequency"])
+        elif name == "adan":
+            opt = po.Adan(groups, lr=lr, betas=(mom, x["beta2"], x["beta3"]), weight_decouple=True, foreach=False)
+        elif name == "lion":
+            opt = po.Lion(groups, lr=lr, betas=(x["beta1"], mom), foreach=False)
+        else:  # mars
+            opt = po.MARS(groups, lr=lr, lr_1d=lr, betas=(mom, x["beta2"]), gamma=x["gamma"], foreach=False)
+    for g in opt.param_groups:
+        g["base_lr"] = g["lr"]
+    return opt
+
+
+def set_lr_factor(opt: torch.optim.Optimizer, factor: float) -> None:
+    for g in opt.param_groups:
+        g["lr"] = g["base_lr"] * factor
+
+
+def lr_factor(step: int, total: int, warmup: int, decay: int, final: float = 0.1) -> float:
+    """Warmup-stable-decay: linear warmup over `warmup` steps, constant, linear decay to `final` over the last
+    `decay` steps (the 'cooldown' that the sync_cooldown mitigation runs without delay)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if decay > 0 and step >= total - decay:
+        frac = (step - (total - decay) + 1) / decay
+        return 1.0 - (1.0 - final) * frac
+    return 1.0

@@ -1,0 +1,268 @@
+"""A real asynchronous pipeline: one process per stage, torch.distributed gloo on CPU, 1F1B without a flush.
+
+Why our own loop: torch.distributed.pipelining and DeepSpeed's PipelineEngine flush after every batch (they are
+synchronous by design), so the bubble-free asynchronous schedule has to be written out. Each stage owns a
+contiguous run of model units (model.stage_bounds), receives activations from stage k-1 and gradients from stage
+k+1 with tagged point-to-point messages (isend, blocking recv), and keeps *weight versions*: immutable snapshots that
+micro-batches run forward and backward on, while the live parameters are updated by the stage's own optimizer.
+
+Schedules (micro-batch i belongs to batch t = i // m; d_k = P-1-k):
+- `2bw`:       1F1B over all batches with no flush; batch t runs on version W(t-1) at every stage (two versions per
+               stage: W(t-1) for the batch in flight, W(t) for the next). Runs without stalls iff m >= P-1-k.
+- `pipedream`: m = 1 (update after every minibatch), weight stashing: a micro-batch runs on the latest version of
+               each stage at its forward, stashed until its backward, i.e. W_k(t-d_k): no vertical sync.
+- `sync`:      1F1B with a flush after every batch: every micro-batch of batch t runs on W(t). The reference with a
+               bubble of (P-1)/(m+P-1) of each stage's time.
+The update of batch t happens on each stage right after that stage's backward of the batch's last micro-batch,
+through delay.UpdateRule, the same code the single-process simulator uses. `simulate` is that simulator run on the
+same data; the equivalence test compares both in float64.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
+
+from gradfidelity.errors import UserError
+from gradfidelity.harness.io import atomic_torch_save
+from gradfidelity.studies.async_pp.data import embedded_stream
+from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, UpdateRule, model_loss_fn
+from gradfidelity.studies.async_pp.model import ModelConfig, build_model, lm_loss, stage_bounds, stage_of_params
+from gradfidelity.studies.async_pp.optimizers import build_optimizer, lr_factor, set_lr_factor
+
+PIPE_SCHEDULES = ("sync", "2bw", "pipedream")
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class PipeSetup:
+    model: dict  # ModelConfig fields (untied: a tied weight would live in two stages)
+    n_stages: int
+    seq_len: int
+    batch_size: int
+    seed: int = 0
+    dtype: str = "float64"
+    train_chars: int = 20000
+    val_chars: int = 2000
+
+
+@dataclass(frozen=True)
+class PipeJob:
+    name: str
+    schedule: str
+    optimizer: str
+    steps: int
+    n_micro: int = 2  # micro-batches per batch (pipedream uses 1)
+    mitigation: str = "none"  # per-stage mitigations only: none, error_feedback, taylor
+    lr: float | None = None
+    momentum: float | None = None
+    warmup: int = 0
+    decay: int = 0
+    fail_at: int = -1  # test hook: stage n_stages-1 raises at this micro-batch (clean-shutdown test)
+
+    def micro(self) -> int:
+        return 1 if self.schedule == "pipedream" else self.n_micro
+
+
+def _check(setup: PipeSetup, job: PipeJob) -> None:
+    if job.schedule not in PIPE_SCHEDULES:
+        raise UserError(f"pipeline schedule {job.schedule!r} not in {list(PIPE_SCHEDULES)}")
+    if job.mitigation not in ("none", "error_feedback", "taylor"):
+        raise UserError(f"pipeline mitigation {job.mitigation!r}: sync_start/sync_cooldown need a flush")
+    if setup.model.get("tie_embeddings", True):
+        raise UserError("pipeline: set model.tie_embeddings false (a tied weight would span two stages)")
+    if setup.batch_size % job.micro():
+        raise UserError(f"pipeline: batch_size {setup.batch_size} not divisible by n_micro {job.micro()}")
+    if job.schedule == "2bw" and job.micro() < setup.n_stages - 1:
+        raise UserError(f"pipeline 2bw: n_micro {job.micro()} < P-1 = {setup.n_stages - 1} would stall")
+
+
+def _spec(setup: PipeSetup, job: PipeJob) -> DelaySpec:
+    return DelaySpec(schedule=job.schedule, mitigation=job.mitigation, depth=setup.n_stages, total_steps=job.steps)
+
+
+def _ops(schedule: str, k: int, P: int, n_batches: int, m: int) -> list[tuple[str, int]]:
+    """The op order of stage k: ('F'|'B', micro-batch). 1F1B: P-1-k warm-up forwards, then F/B pairs."""
+
+    def one_f_one_b(first: int, count: int) -> list[tuple[str, int]]:
+        w = min(P - 1 - k, count)
+        ops = [("F", first + i) for i in range(w)]
+        for i in range(count - w):
+            ops += [("F", first + w + i), ("B", first + i)]
+        return ops + [("B", first + i) for i in range(count - w, count)]
+
+    if schedule == "sync":  # flush after every batch
+        return [op for t in range(n_batches) for op in one_f_one_b(t * m, m)]
+    return one_f_one_b(0, n_batches * m)
+
+
+def _snapshot(named) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone().requires_grad_(True) for n, p in named}
+
+
+def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
+    """Run `job` as stage k; returns the stage's final parameters and timing."""
+    P, dtype = setup.n_stages, DTYPES[setup.dtype]
+    cfg = ModelConfig.from_dict(setup.model, vocab_size=stream.vocab_size)
+    model = build_model(cfg, setup.seed, dtype)
+    lo, hi = stage_bounds(cfg.n_units, P)[k]
+    owner = stage_of_params(model, P)
+    named = [(n, p) for n, p in model.named_parameters() if owner[n] == k]
+    names = [n for n, _ in named]
+    opt = build_optimizer(job.optimizer, named, lr=job.lr, momentum=job.momentum)
+    rule = UpdateRule(named, opt, _spec(setup, job))
+    m, T, mb = job.micro(), job.steps, setup.batch_size // job.micro()
+    S, d = setup.seq_len, cfg.d_model
+    versions = {0: _snapshot(named)}  # update count -> immutable weights
+    updates = 0
+    in_flight: dict[int, tuple] = {}
+    acc: dict[int, list[torch.Tensor]] = {}
+    sends: list = []
+    busy = wait = 0.0
+    losses = []
+    t_start = time.perf_counter()
+    for op, i in _ops(job.schedule, k, P, T, m):
+        t = i // m
+        if i == job.fail_at and k == P - 1:
+            raise RuntimeError(f"injected failure at micro-batch {i} on stage {k}")
+        if op == "F":
+            v = {"sync": t, "2bw": max(t - 1, 0), "pipedream": updates}[job.schedule]
+            if v not in versions:
+                raise RuntimeError(f"stage {k}: weight version {v} for micro-batch {i} not available (stall)")
+            x, y = stream.batch(t)
+            j = i % m
+            if k == 0:
+                x_in = x[j * mb:(j + 1) * mb]
+            else:
+                t0 = time.perf_counter()
+                x_in = torch.empty(mb, S, d, dtype=dtype)
+                dist.recv(x_in, src=k - 1, tag=i)
+                wait += time.perf_counter() - t0
+                x_in.requires_grad_(True)
+            t0 = time.perf_counter()
+            out = torch.func.functional_call(model, versions[v], (x_in,), {"lo": lo, "hi": hi})
+            if k == P - 1:
+                out = lm_loss(out, y[j * mb:(j + 1) * mb])
+                losses.append(float(out.detach()))
+            else:
+                sends.append(dist.isend(out.detach(), dst=k + 1, tag=i))
+            in_flight[i] = (v, x_in, out)
+            busy += time.perf_counter() - t0
+        else:
+            v, x_in, out = in_flight.pop(i)
+            if k == P - 1:
+                outputs, grad_out = out / m, None
+            else:
+                t0 = time.perf_counter()
+                grad_out = torch.empty(mb, S, d, dtype=dtype)
+                dist.recv(grad_out, src=k + 1, tag=i)
+                wait += time.perf_counter() - t0
+                outputs = out
+            t0 = time.perf_counter()
+            inputs = [versions[v][n] for n in names] + ([x_in] if k > 0 else [])
+            gs = torch.autograd.grad(outputs, inputs, grad_outputs=grad_out)
+            if k > 0:
+                sends.append(dist.isend(gs[-1].detach(), dst=k - 1, tag=i))
+            pg = list(gs[:len(names)])
+            acc[t] = pg if t not in acc else [a + b for a, b in zip(acc[t], pg, strict=True)]
+            if (i + 1) % m == 0:  # last micro-batch of batch t on this stage: update
+                if updates != t:
+                    raise RuntimeError(f"stage {k}: update {updates} out of order (batch {t})")
+                set_lr_factor(opt, lr_factor(t, T, job.warmup, job.decay))
+                rule.apply(dict(zip(names, acc.pop(t), strict=True)),
+                           {n: w.detach() for n, w in versions[v].items()})
+                updates += 1
+                versions[updates] = _snapshot(named)
+                keep = {updates, updates - 1} | {e[0] for e in in_flight.values()}
+                for old in [u for u in versions if u not in keep]:
+                    del versions[old]
+            busy += time.perf_counter() - t0
+        sends = [h for h in sends if not h.is_completed()]
+    for h in sends:
+        h.wait()
+    wall = time.perf_counter() - t_start
+    return {"params": {n: p.detach().clone() for n, p in named},
+            "timing": {"stage": k, "wall_s": wall, "busy_s": busy, "recv_wait_s": wait,
+                       "max_versions": len(versions)},
+            "losses": losses}
+
+
+def _worker(rank: int, setup: PipeSetup, jobs: list[PipeJob], out_dir: str, store: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=setup.n_stages,
+                            timeout=timedelta(seconds=120))
+    try:
+        stream = embedded_stream(setup.train_chars, setup.val_chars, setup.seq_len, setup.batch_size, setup.seed)
+        for job in jobs:
+            dist.barrier()  # every stage starts a job together: wall times are comparable
+            result = run_stage(rank, setup, job, stream)
+            dist.barrier()
+            result["timing"]["job_wall_s"] = result["timing"]["wall_s"]
+            atomic_torch_save(Path(out_dir) / job.name / f"stage{rank}.pt", result)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_pipeline(setup: PipeSetup, jobs: list[PipeJob], out_dir: str | os.PathLike | None = None,
+                 pids: list[int] | None = None) -> dict[str, dict]:
+    """Spawn one process per stage, run `jobs` one after the other in the same process group, and return per job
+    {"params": merged final weights, "timing": [per-stage timing], "losses": last stage's micro-batch losses}.
+    A failing stage ends the whole group (torch.multiprocessing terminates the others) and raises here."""
+    for job in jobs:
+        _check(setup, job)
+    with tempfile.TemporaryDirectory(prefix="gf_pipe_") as tmp:
+        out = Path(out_dir) if out_dir else Path(tmp)
+        store = str(Path(tmp) / "store")
+        ctx = mp.start_processes(_worker, args=(setup, jobs, str(out), store), nprocs=setup.n_stages,
+                                 join=False, start_method="spawn")
+        if pids is not None:
+            pids.extend(p.pid for p in ctx.processes)
+        try:
+            while not ctx.join():
+                pass
+        except ProcessException as exc:
+            raise RuntimeError(f"pipeline stage failed: {exc}") from None
+        results = {}
+        for job in jobs:
+            parts = [torch.load(out / job.name / f"stage{k}.pt", weights_only=True) for k in range(setup.n_stages)]
+            params = {n: v for part in parts for n, v in part["params"].items()}
+            results[job.name] = {"params": params, "timing": [p["timing"] for p in parts],
+                                 "losses": parts[-1]["losses"]}
+    return results
+
+
+def simulate(setup: PipeSetup, job: PipeJob, schedule: str | None = None) -> dict[str, torch.Tensor]:
+    """The single-process delay simulator on the pipeline's data, micro-batching and LR schedule."""
+    stream = embedded_stream(setup.train_chars, setup.val_chars, setup.seq_len, setup.batch_size, setup.seed)
+    cfg = ModelConfig.from_dict(setup.model, vocab_size=stream.vocab_size)
+    model = build_model(cfg, setup.seed, DTYPES[setup.dtype])
+    opt = build_optimizer(job.optimizer, list(model.named_parameters()), lr=job.lr, momentum=job.momentum)
+    schedule = schedule or job.schedule
+    spec = DelaySpec(schedule=schedule, mitigation="none" if schedule == "sync" else job.mitigation,
+                     depth=setup.n_stages, total_steps=job.steps)
+    sim = DelaySimulator(model, opt, spec, stage_of_params(model, setup.n_stages))
+    m = job.micro()
+    mb = setup.batch_size // m
+    for t in range(job.steps):
+        x, y = stream.batch(t)
+        micro = [(x[j * mb:(j + 1) * mb], y[j * mb:(j + 1) * mb]) for j in range(m)]
+        set_lr_factor(opt, lr_factor(t, job.steps, job.warmup, job.decay))
+        sim.step(t, model_loss_fn(model, micro, lm_loss), n_micro=m)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def theoretical_bubble(schedule: str, P: int, m: int) -> float:
+    """Idle share of a stage in steady state: (P-1)/(m+P-1) with a flush per batch, 0 without."""
+    return (P - 1) / (m + P - 1) if schedule == "sync" else 0.0
+
+
+__all__ = ["PipeJob", "PipeSetup", "run_pipeline", "simulate", "theoretical_bubble"]

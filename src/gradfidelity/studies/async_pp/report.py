@@ -1,0 +1,105 @@
+"""Tables and figures of study B from runs.csv / curves.csv (see analysis.py for the gap definitions)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from gradfidelity.plots import new_figure, save_figure, style_axes
+from gradfidelity.studies.async_pp.analysis import Gaps, main_table, mitigations_table
+from gradfidelity.studies.async_pp.plan import default_momentum
+from gradfidelity.tables import write_table
+
+
+def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str) -> None:
+    n = int(g.cfg["seeds"])
+    note = (f"scale {scale}, {n} seed(s) per cell, {g.steps} steps, embedded char corpus unless the config says "
+            "fineweb_edu; losses in nats per token; NaN = a seed diverged or recovery undefined (async <= sync)")
+    write_table(main_table(g), main_csv, title="Study B: final validation loss, sync vs one-step delay (2bw)",
+                notes=[note, "gap = async - sync (paired by seed); EF recovery % = 100 (async - async_EF) / "
+                       "(async - sync)"])
+    write_table(mitigations_table(g), mitig_csv, title="Study B: mitigations of the one-step delay",
+                notes=[note, "ratio_<m> = gap(2bw + m) / gap(2bw); < 1 means the mitigation helps"])
+
+
+def _line(ax, xs, ys, label, **kw):
+    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+    ax.plot(xs, ys, marker="o", label=label, **kw)
+
+
+def fig_momentum(g: Gaps, path: str) -> None:
+    fig, axes = new_figure()
+    ax = axes[0, 0]
+    sw = g.cfg["sweeps"]["momentum"]
+    for opt in sw["optimizers"]:
+        _line(ax, sw["momenta"], [g.gap(opt, momentum=m) for m in sw["momenta"]], opt)
+    ax.axhline(0, color="grey", lw=0.8)
+    style_axes(ax, "One-step-delay gap vs momentum", "momentum (beta1 / mu)", "gap (2bw - sync), nats")
+    ax.legend()
+    save_figure(fig, path, caption="Paper claim B4: higher momentum -> smaller gap. Missing points: diverged.")
+
+
+def fig_depth(g: Gaps, path: str) -> None:
+    fig, axes = new_figure()
+    ax = axes[0, 0]
+    sw = g.cfg["sweeps"]["depth"]
+    for i, opt in enumerate(sw["optimizers"]):
+        color = f"C{i}"
+        for schedule, ls in (("pipedream", "-"), ("pipedream_vsync", ":")):
+            if schedule in sw["schedules"]:
+                _line(ax, sw["depths"], [g.gap(opt, schedule, depth=P) for P in sw["depths"]],
+                      f"{opt} {schedule}", color=color, ls=ls)
+        ax.plot(sw["depths"], [g.gap(opt)] * len(sw["depths"]), color=color, ls="--", label=f"{opt} 2bw")
+    ax.set_xscale("log", base=2)
+    style_axes(ax, "Gap vs pipeline depth P", "pipeline depth P", "gap vs sync, nats")
+    ax.legend(fontsize=7)
+    save_figure(fig, path, caption="Claim B6: PipeDream's staleness is P-1-k per stage, 2BW's is 1 at any depth.")
+
+
+def fig_gap_vs_tokens(g: Gaps, path: str) -> None:
+    fig, axes = new_figure()
+    ax = axes[0, 0]
+    sw = g.cfg["sweeps"]["length"]
+    tok = int(g.cfg["train"]["batch_size"]) * int(g.cfg["train"]["seq_len"])
+    for opt in sw["optimizers"]:
+        steps = sorted(sw["steps"])
+        _line(ax, [s * tok for s in steps], [g.gap(opt, steps=s) for s in steps], opt)
+    ax.set_xscale("log")
+    ax.axhline(0, color="grey", lw=0.8)
+    style_axes(ax, "Gap vs training length", "training tokens (separate runs, full LR schedule)",
+               "gap (2bw - sync), nats")
+    ax.legend()
+    save_figure(fig, path, caption="Claim B7: the gap should not grow with training length.")
+
+
+def fig_curves(curves: pd.DataFrame, g: Gaps, path: str) -> None:
+    opts = g.cfg["sweeps"]["main"]["optimizers"]
+    ncols = min(3, len(opts))
+    nrows = math.ceil(len(opts) / ncols)
+    fig, axes = new_figure(ncols=ncols, nrows=nrows, width=3.2, height=2.6)
+    c = curves[(curves.depth == 1) & (curves.steps == g.steps)]
+    for i, opt in enumerate(opts):
+        ax = axes[i // ncols, i % ncols]
+        sel = c[(c.optimizer == opt) & np.isclose(c.momentum, default_momentum(g.cfg, opt))]
+        for schedule, mitigation, label in (("sync", "none", "sync"), ("2bw", "none", "2bw"),
+                                            ("2bw", "error_feedback", "2bw+EF")):
+            s = sel[(sel.schedule == schedule) & (sel.mitigation == mitigation)]
+            if len(s):
+                mean = s.groupby("tokens")["val_loss"].mean()
+                ax.plot(mean.index, mean.values, label=label)
+        style_axes(ax, opt, "tokens", "val loss")
+        if i == 0:
+            ax.legend()
+    for j in range(len(opts), nrows * ncols):
+        axes[j // ncols, j % ncols].set_visible(False)
+    save_figure(fig, path, caption="Validation loss curves (mean over seeds); a diverged run has no curve.")
+
+
+def write_figures(runs_csv: str, curves_csv: str, cfg: dict, paths: dict) -> None:
+    g = Gaps(pd.read_csv(runs_csv), cfg)
+    fig_momentum(g, paths["momentum"])
+    fig_depth(g, paths["depth"])
+    fig_gap_vs_tokens(g, paths["gap_vs_tokens"])
+    fig_curves(pd.read_csv(curves_csv), g, paths["curves"])

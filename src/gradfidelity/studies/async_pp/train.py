@@ -1,0 +1,90 @@
+"""One training run of study B (one cell, one seed) through the harness Run.
+
+The delay is simulated in one process (delay.DelaySimulator); the pipeline equivalence test shows that this is
+what the real multi-process pipeline computes. Everything in metrics.json is a pure function of (config, cell,
+seed, threads): batches are drawn by (seed, step), checkpoints hold the model, the optimizer and the weight
+history, so a killed and resumed run ends with the same numbers.
+
+Settings (config `train`, `delay`; chosen before any result was seen): warmup-stable-decay LR with 10% warmup and a
+20% linear decay to 0.1x; sync_start K = 10% of the steps (the warmup), sync_cooldown K = 20% (the decay phase);
+Taylor DC-ASGD-a with lambda0 2.0 and EMA 0.95 (the adaptive variant: a fixed lambda of 0.04 times g*g is
+negligible at these gradient scales); no gradient clipping (a global-norm clip couples the pipeline stages).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from gradfidelity.harness import Run
+from gradfidelity.studies.async_pp.data import build_stream
+from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, model_loss_fn
+from gradfidelity.studies.async_pp.model import ModelConfig, build_model, lm_loss, n_params, stage_of_params
+from gradfidelity.studies.async_pp.optimizers import build_optimizer, lr_factor, set_lr_factor
+from gradfidelity.studies.async_pp.plan import Cell
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def delay_spec(cfg: dict, cell: Cell) -> DelaySpec:
+    d = cfg["delay"]
+    return DelaySpec(schedule=cell.schedule, mitigation=cell.mitigation, depth=cell.depth, total_steps=cell.steps,
+                     sync_start_steps=round(d["sync_start_frac"] * cell.steps),
+                     sync_cooldown_steps=round(d["sync_cooldown_frac"] * cell.steps),
+                     taylor_lambda=float(d["taylor_lambda"]), taylor_adaptive=bool(d["taylor_adaptive"]),
+                     taylor_ema=float(d["taylor_ema"]))
+
+
+@torch.no_grad()
+def evaluate(model, val_batches) -> float:
+    return sum(float(lm_loss(model(x), y)) for x, y in val_batches) / len(val_batches)
+
+
+def run_cell(cfg: dict, cell: Cell, root: str, threads: int) -> Path:
+    tc = cfg["train"]
+    out = Path(cell.dir(root))
+    spec = delay_spec(cfg, cell)  # validates schedule/mitigation before any work
+    opt_cfg = (cfg.get("optimizers") or {}).get(cell.optimizer) or {}
+    record = {"cell": {k: getattr(cell, k) for k in cell.__dataclass_fields__}, "model": cfg["model"],
+              "data": cfg["data"], "train": tc, "delay": cfg["delay"], "optimizer": opt_cfg}
+    with Run(out, study="async_pp", config=record, seed=cell.seed, threads=threads,
+             checkpoint_every=int(tc["checkpoint_every"])) as run:
+        stream = build_stream(cfg["data"], int(tc["seq_len"]), int(tc["batch_size"]), cell.seed)
+        mcfg = ModelConfig.from_dict(cfg["model"], vocab_size=stream.vocab_size)
+        model = build_model(mcfg, seed=cell.seed, dtype=DTYPES[tc["dtype"]])
+        opt = build_optimizer(cell.optimizer, list(model.named_parameters()), lr=opt_cfg.get("lr"),
+                              momentum=cell.momentum)
+        stages = stage_of_params(model, cell.depth) if cell.schedule.startswith("pipedream") else None
+        sim = DelaySimulator(model, opt, spec, stages)
+        state = {"model": model, "sim": sim}
+        start, extra = run.resume(state)
+        curve = extra.get("curve", [])  # [step, tokens, val_loss]
+        train_loss = extra.get("train_loss", [])
+        val_batches = stream.val_batches(int(tc["val_batches"]))
+        tokens_per_step = int(tc["batch_size"]) * int(tc["seq_len"])
+        warmup = round(tc["warmup_frac"] * cell.steps)
+        decay = round(tc["decay_frac"] * cell.steps)
+        every = max(1, cell.steps // int(tc["evals"]))
+        t0 = time.perf_counter()
+        for t in run.progress(range(start, cell.steps), desc=out.parent.name):
+            x, y = stream.batch(t)
+            set_lr_factor(opt, lr_factor(t, cell.steps, warmup, decay))
+            loss = sim.step(t, model_loss_fn(model, [(x, y)], lm_loss))
+            run.check_finite(loss, t)
+            train_loss.append(loss)
+            if (t + 1) % every == 0 or t + 1 == cell.steps:
+                val = evaluate(model, val_batches)
+                run.check_finite(val, t, what="val_loss")
+                curve.append([t + 1, (t + 1) * tokens_per_step, val])
+            run.maybe_checkpoint(t + 1, state, extra={"curve": curve, "train_loss": train_loss})
+        elapsed = time.perf_counter() - t0
+        steps_done = cell.steps - start
+        last = train_loss[-10:]
+        run.finish({"final_val_loss": curve[-1][2], "curve": curve, "n_params": n_params(model),
+                    "tokens": cell.steps * tokens_per_step, "final_train_loss": sum(last) / len(last),
+                    "max_delay": spec.max_delay},
+                   timing={"step_s": elapsed / max(steps_done, 1),
+                           "tokens_per_s": steps_done * tokens_per_step / max(elapsed, 1e-9)})
+    return out

@@ -1,0 +1,82 @@
+"""Embedded corpus, FineWeb-Edu loader on a local parquet fixture, optimizer registry."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+import torch
+
+from gradfidelity.errors import UserError
+from gradfidelity.studies.async_pp.data import CharTokenizer, embedded_corpus, embedded_stream, fineweb_stream
+from gradfidelity.studies.async_pp.model import ModelConfig, build_model, lm_loss
+from gradfidelity.studies.async_pp.names import OPTIMIZERS
+from gradfidelity.studies.async_pp.optimizers import REGISTRY, build_optimizer, lr_factor
+
+
+def test_embedded_corpus_is_deterministic_and_in_alphabet():
+    a, b = embedded_corpus(5000, seed=0), embedded_corpus(5000, seed=0)
+    assert a == b and len(a) == 5000 and a != embedded_corpus(5000, seed=1)
+    assert set(a) <= set(CharTokenizer().alphabet)
+    sums = re.findall(r"(\d+) plus (\d+) is (\d+)\.", a)
+    assert sums and all(int(x) + int(y) == int(z) for x, y, z in sums)
+
+
+def test_batches_are_a_pure_function_of_seed_and_step():
+    s1 = embedded_stream(20000, 2000, 16, 4, seed=7)
+    s2 = embedded_stream(20000, 2000, 16, 4, seed=7)
+    x1, y1 = s1.batch(5)
+    x2, y2 = s2.batch(5)
+    assert torch.equal(x1, x2) and torch.equal(x1[:, 1:], y1[:, :-1])
+    assert not torch.equal(x1, s1.batch(6)[0])
+
+
+def test_fineweb_loader_on_a_local_parquet_fixture(tmp_path):
+    docs = ["the cat sees the dog.", "1 plus 2 is 3.", "anna lives near the sea."] * 20
+    pd.DataFrame({"text": docs, "id": range(len(docs))}).to_parquet(tmp_path / "shard-000.parquet")
+    tok = CharTokenizer()
+    stream = fineweb_stream(str(tmp_path), tok, train_tokens=400, val_tokens=100, seq_len=8, batch_size=2, seed=0)
+    expected = []
+    for d in docs:
+        expected += tok.encode(d) + [tok.eos_token_id]
+    assert stream.val.tolist() == expected[:100]
+    assert stream.train.tolist() == expected[100:500]
+    pd.DataFrame({"content": docs}).to_parquet(tmp_path / "shard-000.parquet")
+    with pytest.raises(UserError, match="no 'text' column"):
+        fineweb_stream(str(tmp_path), tok, 400, 100, 8, 2, 0)
+    with pytest.raises(UserError, match="fewer than"):
+        pd.DataFrame({"text": docs[:2]}).to_parquet(tmp_path / "shard-000.parquet")
+        fineweb_stream(str(tmp_path), tok, 400, 100, 8, 2, 0)
+
+
+def test_registry_names_and_momentum_mapping():
+    assert tuple(REGISTRY) == OPTIMIZERS
+    cfg = ModelConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
+    m = build_model(cfg, 0)
+    named = list(m.named_parameters())
+    where = {"adamw": lambda g: g["betas"][0], "muon": lambda g: g["momentum"], "soap": lambda g: g["betas"][0],
+             "adan": lambda g: g["betas"][0], "lion": lambda g: g["betas"][1], "mars": lambda g: g["betas"][0]}
+    for name in OPTIMIZERS:
+        opt = build_optimizer(name, named, momentum=0.77)
+        groups = [g for g in opt.param_groups if g.get("use_muon", True)]
+        assert all(where[name](g) == 0.77 for g in groups), name
+        x, y = torch.randint(0, 40, (2, 8)), torch.randint(0, 40, (2, 8))
+        before = [p.detach().clone() for p in m.parameters()]
+        lm_loss(m(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        changed = any(not torch.equal(a, p) for a, p in zip(before, m.parameters(), strict=True))
+        assert changed or name == "soap", name  # SOAP skips its first update (reference behaviour)
+    muon = build_optimizer("muon", named)
+    flags = {id(p): g["use_muon"] for g in muon.param_groups for p in g["params"]}
+    assert flags[id(m.embed_tokens.weight)] is False
+    assert flags[id(m.layers[0].self_attn.q_proj.weight)] is True
+    with pytest.raises(UserError, match="not in"):
+        build_optimizer("sgd", named)
+
+
+def test_wsd_schedule():
+    f = [lr_factor(t, 10, 2, 4) for t in range(10)]
+    assert f[0] == 0.5 and f[1] == 1.0 and f[5] == 1.0
+    assert f[9] == pytest.approx(0.1) and f[6] == pytest.approx(1 - 0.9 * 0.25)
