@@ -35,27 +35,6 @@ wildcard_constraints:
     corpus="enwik8|tinystories",
 
 
-rule local_data:
-    output:
-        train="results/local/data/{corpus}/train.bin",
-        val="results/local/data/{corpus}/val.bin",
-        meta="results/local/data/{corpus}/meta.json",
-    params:
-        gf=GF,
-        cfg=study_cfg("local", "corpora"),  # only the corpora: a training change must not redo the data
-    log:
-        "results/logs/local/data_{corpus}.log",
-    conda:
-        CONDA_ENV
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=30,
-    shell:
-        "{params.gf} local-data --cfg {params.cfg} --corpus {wildcards.corpus}"
-        " --out results/local/data/{wildcards.corpus} > {log} 2>&1"
-
-
 rule local_main:
     input:
         train="results/local/data/{corpus}/train.bin",

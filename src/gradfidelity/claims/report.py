@@ -20,13 +20,15 @@ def write_claims_report(evidence_paths, csv_path, md_path, scale: str) -> None:
     df = verify(registry, load_evidence(evidence_paths, scale), scale)
     counts = df["verdict"].value_counts()
     shown = df.assign(measured=df["measured"].map(_fmt))[
-        ["id", "statement", "paper_value", "check", "measured", "verdict", "detail", "scale"]]
+        ["id", "statement", "paper_value", "check", "measured", "n", "verdict", "detail", "scale"]]
     notes = [
         f"Scale: {scale}. {counts.get(REPRODUCED, 0)} reproduced, {counts.get(NOT_REPRODUCED, 0)} not reproduced, "
         f"{counts.get(NOT_MEASURED, 0)} not measured at this scale (of {len(df)}).",
         "Verdicts are computed by `gradfidelity verify` from results/claims/<study>.json and the thresholds in "
         "src/gradfidelity/claims/registry.yaml (fixed before any result was seen); none is written by hand.",
         "A claim that does not reproduce at a small scale is a result, not a failure of the artifact.",
+        "n = the seeds (or paired seeds) behind the measured value; at the smoke scale most values rest on one or "
+        "two seeds and test the pipeline, not the paper.",
     ]
     atomic_write_csv(df, csv_path)  # every column; the Markdown view leaves out the long metric text
     body = ["# Claims: paper value, measured value, verdict", "", *[f"- {n}" for n in notes], "",
