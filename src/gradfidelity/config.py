@@ -26,3 +26,16 @@ def validate_section(section: dict, schema_path: str | Path, where: str) -> dict
 
     validate(section, str(schema_path))
     return section
+
+
+def cfg_from_json(text: str, where: str) -> dict:
+    """The `--cfg` argument every rule passes (one study's config section as JSON, from `study_cfg`)."""
+    import json
+
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: --cfg is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"{where}: --cfg must be a JSON object, got {type(cfg).__name__}")
+    return cfg

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 
+from gradfidelity.config import cfg_from_json
 from gradfidelity.errors import UserError
 
 
 def _cfg(text: str) -> dict:
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--cfg is not JSON: {exc}") from None
+    cfg = cfg_from_json(text, "async_pp")
     for key in ("seeds", "model", "data", "train", "delay", "sweeps"):
         if key not in cfg:
             raise UserError(f"async_pp config: missing key {key!r}")

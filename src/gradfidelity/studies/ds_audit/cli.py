@@ -13,19 +13,14 @@ import tempfile
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from gradfidelity.config import cfg_from_json
 from gradfidelity.errors import UserError
 
 EXIT_FAITHFUL, EXIT_UNUSABLE, EXIT_DROPS = 0, 2, 3
 
 
 def _cfg(text: str) -> dict:
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--cfg is not valid JSON: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise UserError("--cfg must be a JSON object")
-    return cfg
+    return cfg_from_json(text, "ds_audit")
 
 
 # ---------------------------------------------------------------------------------------------- audit-deepspeed

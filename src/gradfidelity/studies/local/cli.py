@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from gradfidelity.config import cfg_from_json
 from gradfidelity.errors import UserError
 
 
 def _settings(args):
     from gradfidelity.studies.local.settings import parse
 
-    try:
-        cfg = json.loads(args.cfg)
-    except json.JSONDecodeError as e:
-        raise UserError(f"--cfg is not valid JSON: {e}") from e
+    cfg = cfg_from_json(args.cfg, "local")
     return cfg, parse(cfg)
 
 
@@ -22,10 +19,7 @@ def _data(args) -> int:
     """--cfg is the `local.corpora` section (so that a training change does not redo the data)."""
     from gradfidelity.studies.local.settings import parse
 
-    try:
-        corpora = json.loads(args.cfg)
-    except json.JSONDecodeError as e:
-        raise UserError(f"--cfg is not valid JSON: {e}") from e
+    corpora = cfg_from_json(args.cfg, "local.corpora")
     from gradfidelity.studies.local.data import prepare
 
     s = parse({"train": {"n_layer": 1, "n_stages": 1}, "widths": [8], "main_width": 8, "corpora": corpora})

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from gradfidelity.config import cfg_from_json
 from gradfidelity.errors import UserError
 
 
 def _cfg(args):
     from gradfidelity.studies.sft_rl.config import StudyConfig
 
-    try:
-        raw = json.loads(args.cfg)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--cfg is not valid JSON: {exc}") from exc
-    return StudyConfig.from_dict(raw)
+    return StudyConfig.from_dict(cfg_from_json(args.cfg, "sft_rl"))
 
 
 def _pretrain(args) -> int:
