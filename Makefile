@@ -52,7 +52,7 @@ reproduce: setup
 test: setup
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/snakemake --lint
-	$(VENV)/bin/python -m pytest -q tests
+	$(VENV)/bin/python -m pytest -q --durations=15 tests
 
 lint: setup
 	$(VENV)/bin/ruff check src tests

@@ -18,6 +18,8 @@ ASYNC_PP_FIGURES = ["figures/async_pp_momentum.png", "figures/async_pp_depth.png
 # Paper scale trains for days per cell on accelerators; a job per cell there (cells_per_job: 1).
 ASYNC_PP_RUNTIME = {"smoke": 10, "cpu": 600, "paper": 10080}[SCALE]
 ASYNC_PP_MEM = {"smoke": 2000, "cpu": 6000, "paper": 64000}[SCALE]
+# GPUs per training job (read by the SLURM executor; ignored by local runs, which never request one).
+ASYNC_PP_GPU = {"smoke": 0, "cpu": 0, "paper": 1}[SCALE]
 
 CLAIM_EVIDENCE.append("results/claims/async_pp.json")
 REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + ["results/bench/async_pp.json"])
@@ -44,6 +46,7 @@ for _g in ASYNC_PP_GROUPS:
         resources:
             mem_mb=ASYNC_PP_MEM,
             runtime=ASYNC_PP_RUNTIME * len(_g.cells),
+            gpu=ASYNC_PP_GPU,
         shell:
             "{params.gf} async-pp-train --cfg {params.cfg} --cells {params.cells} > {log} 2>&1"
 
