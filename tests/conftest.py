@@ -8,3 +8,16 @@ for key, sub in {"TORCH_EXTENSIONS_DIR": "torch_extensions", "MPLCONFIGDIR": "ma
     os.environ.setdefault(key, str(REPO / ".cache" / sub))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment():
+    """Tests that run DeepSpeed in-process set MASTER_PORT, RANK, TORCH_EXTENSIONS_DIR, ...: undo that after each
+    test, so that a later test (and the subprocesses it starts) never inherits another test's rendezvous."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

@@ -18,6 +18,10 @@ for _key, _sub in {"TORCH_EXTENSIONS_DIR": "torch_extensions", "MPLCONFIGDIR": "
     os.environ.setdefault(_key, str(REPO / ".cache" / _sub))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# Jobs run side by side, each its own one- or two-rank process group: an inherited MASTER_PORT would make them all
+# rendezvous on one port (EADDRINUSE). Every job picks a free port of its own instead.
+for _key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    os.environ.pop(_key, None)
 
 
 def _load_study_config(study):
