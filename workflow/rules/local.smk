@@ -152,5 +152,6 @@ REPORT_TARGETS.extend(
         "paper_tables/local_mechanism.md",
         "figures/local_frontier.png",
         "figures/local_width_scaling.png",
+        "results/bench/local.json",
     ]
 )
