@@ -37,7 +37,7 @@ def test_wrong_type_fails_naming_the_key():
 
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "paper"])
 def test_dry_run_lists_jobs(scale):
-    res = _smk("-n", "--config", f"scale={scale}")
+    res = _smk("-n", "--forceall", "--config", f"scale={scale}")  # every job, whatever is built already
     assert res.returncode == 0, res.stderr[-3000:]
     assert "verify" in res.stdout and "stats_check" in res.stdout
 
