@@ -13,8 +13,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-COPY_IGNORE = shutil.ignore_patterns(".venv", ".venv-ds0189", ".cache", ".snakemake", "results", ".git",
-                                     "__pycache__", ".pytest_cache", ".ruff_cache", "*.png")
+_IGNORE = shutil.ignore_patterns(".venv", ".venv-ds0189", ".cache", ".snakemake", "results", ".git", "__pycache__",
+                                 ".pytest_cache", ".ruff_cache")
+
+
+def COPY_IGNORE(directory, names):
+    """What a fresh clone would not have: environments, caches, results and built tables/figures."""
+    ignored = set(_IGNORE(directory, names))
+    if Path(directory).name in ("paper_tables", "figures"):
+        ignored |= {n for n in names if n != "README.md"}
+    return ignored
 
 
 def _smk(*args, cwd=REPO, timeout=300):
