@@ -77,14 +77,3 @@ def read_json(path: str | os.PathLike) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"corrupt JSON in {path}: {exc}") from None
 
-
-def read_yaml(path: str | os.PathLike) -> Any:
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"missing input file: {path}")
-    try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise UserError(f"corrupt YAML in {path}: {exc}") from None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import resource
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -82,12 +81,3 @@ class PeakPSS:
             "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
 
-
-def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:
-    """Poll `predicate` until it is true or `timeout` seconds pass (used by shutdown checks)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
