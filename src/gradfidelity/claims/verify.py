@@ -1,9 +1,12 @@
-"""Verdicts: apply each registry row's check to the value its study measured.
+"""Verdicts: each registry row's check applied to the *interval* its study measured (claims/evidence.py).
 
-Three verdicts only: "reproduced", "not reproduced", "not measured at this scale". A claim is "not measured" when
-the current scale is outside its `scales`, when its study produced no evidence file, or when the study could not
-measure it (a null value, e.g. a diverged run or too few seeds; the detail says why). Nothing here can turn a missing
-number into a pass.
+- reproduced: the whole interval satisfies the check;
+- not reproduced: the whole interval contradicts it;
+- inconclusive: the interval spans the threshold (the evidence cannot tell);
+- not measured at this scale: the scale is outside the claim's `scales`, the study produced no record, the value
+  is null, n < min_n, or a gate failed; the reason is always shown.
+Rows of `evidence: arithmetic` recompute a paper's own numbers (no experiment): they read "arithmetic checked" or
+"arithmetic mismatch" and are never counted among reproductions. Nothing here turns a missing number into a pass.
 """
 
 from __future__ import annotations
@@ -16,36 +19,62 @@ import jsonschema
 import pandas as pd
 import yaml
 
+from gradfidelity.claims.evidence import RECORD_SCHEMA
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import read_json
 
-REPRODUCED, NOT_REPRODUCED, NOT_MEASURED = "reproduced", "not reproduced", "not measured at this scale"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_MEASURED)
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+NOT_MEASURED = "not measured at this scale"
+ARITHMETIC_OK, ARITHMETIC_BAD = "arithmetic checked", "arithmetic mismatch"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURED, ARITHMETIC_OK, ARITHMETIC_BAD)
 SCALES = ("smoke", "cpu", "paper")
+KINDS = ("gt", "ge", "lt", "le", "between", "equals", "true")
 
-_CHECK = {
+_PART = {
     "type": "object", "required": ["kind"], "additionalProperties": False,
     "properties": {
-        "kind": {"enum": ["gt", "ge", "lt", "le", "between", "equals", "true"]},
+        "kind": {"enum": [k for k in KINDS if k != "true"]},
         "threshold": {"type": "number"},
         "range": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
-        "value": {},
+        "value": {"type": "number"},
     },
 }
+_CHECK = {**_PART, "properties": {**_PART["properties"], "kind": {"enum": list(KINDS)},
+                                  "parts": {"type": "object", "additionalProperties": _PART, "minProperties": 1}}}
 _ROW = {
     "type": "object", "additionalProperties": False,
-    "required": ["id", "study", "paper", "statement", "paper_value", "metric", "check", "scales", "why"],
+    "required": ["id", "study", "paper", "statement", "paper_value", "metric", "check", "scales", "why", "min_n"],
     "properties": {
         "id": {"type": "string"}, "study": {"type": "string"}, "paper": {"type": "string"},
         "statement": {"type": "string"}, "paper_value": {"type": "string"}, "metric": {"type": "string"},
         "check": _CHECK, "why": {"type": "string"},
         "scales": {"type": "array", "items": {"enum": list(SCALES)}, "minItems": 1},
+        "min_n": {"type": "integer", "minimum": 1},
+        "level": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        "evidence": {"enum": ["measured", "arithmetic"]},
     },
 }
-_REGISTRY = {"type": "object", "required": ["claims"], "properties": {"claims": {"type": "array", "items": _ROW}}}
+_REGISTRY = {
+    "type": "object", "required": ["interval_level", "claims"], "additionalProperties": False,
+    "properties": {"interval_level": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                   "claims": {"type": "array", "items": _ROW}},
+}
 
 
-def load_registry(path: str | Path | None = None) -> list[dict]:
+def _check_needs(where: str, check: dict) -> None:
+    kind = check["kind"]
+    need = {"between": "range", "equals": "value", "true": None}.get(kind, "threshold")
+    if need and need not in check:
+        raise UserError(f"claims registry: {where} check '{kind}' needs '{need}'")
+    if kind == "between" and not check["range"][0] <= check["range"][1]:
+        raise UserError(f"claims registry: {where} range {check['range']} is not ordered")
+    for name, part in (check.get("parts") or {}).items():
+        if kind != "true":
+            raise UserError(f"claims registry: {where} has parts but kind '{kind}' (parts need kind 'true')")
+        _check_needs(f"{where} part {name}", part)
+
+
+def load_registry_document(path: str | Path | None = None) -> dict:
     text = Path(path).read_text() if path else resources.files("gradfidelity.claims").joinpath(
         "registry.yaml").read_text()
     data = yaml.safe_load(text)
@@ -58,44 +87,105 @@ def load_registry(path: str | Path | None = None) -> list[dict]:
     if dupes:
         raise UserError(f"claims registry: duplicate ids {sorted(dupes)}")
     for row in data["claims"]:
-        kind, check = row["check"]["kind"], row["check"]
-        need = {"between": "range", "equals": "value", "true": None}.get(kind, "threshold")
-        if need and need not in check:
-            raise UserError(f"claims registry: claim {row['id']} check '{kind}' needs '{need}'")
-    return data["claims"]
+        _check_needs(f"claim {row['id']}", row["check"])
+    return data
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def apply_check(check: dict, measured) -> bool:
-    """True iff `measured` satisfies `check`; a type that does not fit the check is an error, not a fail."""
-    kind = check["kind"]
-    if kind == "true":
-        if not isinstance(measured, bool):
-            raise ValueError(f"check 'true' needs a boolean, got {measured!r}")
-        return measured
-    if kind == "equals":
-        return measured == check["value"]
-    if not _is_number(measured):
-        raise ValueError(f"check '{kind}' needs a finite number, got {measured!r}")
-    if kind == "between":
-        lo, hi = check["range"]
-        return lo <= measured <= hi
-    t = check["threshold"]
-    return {"gt": measured > t, "ge": measured >= t, "lt": measured < t, "le": measured <= t}[kind]
+def load_registry(path: str | Path | None = None) -> list[dict]:
+    doc = load_registry_document(path)
+    return [dict(row, level=row.get("level", doc["interval_level"]), evidence=row.get("evidence", "measured"))
+            for row in doc["claims"]]
 
 
 def describe_check(check: dict) -> str:
     kind = check["kind"]
     if kind == "true":
+        parts = check.get("parts")
+        if parts:
+            return " and ".join(f"{name} {describe_check(part)}" for name, part in parts.items())
         return "is true"
     if kind == "equals":
-        return f"== {check['value']}"
+        return f"== {check['value']:g}"
     if kind == "between":
-        return f"in [{check['range'][0]}, {check['range'][1]}]"
-    return {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}[kind] + f" {check['threshold']}"
+        return f"in [{check['range'][0]:g}, {check['range'][1]:g}]"
+    return {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}[kind] + f" {check['threshold']:g}"
+
+
+def _holds(kind: str, check: dict, x: float) -> bool:
+    if kind == "between":
+        return check["range"][0] <= x <= check["range"][1]
+    if kind == "equals":
+        return x == check["value"]
+    t = check["threshold"]
+    return {"gt": x > t, "ge": x >= t, "lt": x < t, "le": x <= t}[kind]
+
+
+def interval_verdict(check: dict, low: float, high: float) -> str:
+    """The verdict of a numeric check on the closed interval [low, high] (low == high for an exact value)."""
+    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        raise ValueError(f"bad interval [{low}, {high}]")
+    kind = check["kind"]
+    if kind == "between":
+        a, b = check["range"]
+        if a <= low and high <= b:
+            return REPRODUCED
+        return NOT_REPRODUCED if high < a or low > b else INCONCLUSIVE
+    if kind == "equals":
+        v = check["value"]
+        if low == high == v:
+            return REPRODUCED
+        return NOT_REPRODUCED if v < low or v > high else INCONCLUSIVE
+    # one-sided: the check holds on a whole interval iff it holds at the end nearer the threshold
+    near, far = (low, high) if kind in ("gt", "ge") else (high, low)
+    if _holds(kind, check, near):
+        return REPRODUCED
+    return INCONCLUSIVE if _holds(kind, check, far) else NOT_REPRODUCED
+
+
+def _record_verdict(check: dict, rec: dict, claim_id: str, level: float) -> tuple[str, str]:
+    """Verdict and reason of one record against one check (a part, or the claim itself)."""
+    if check["kind"] == "true":
+        parts = check.get("parts")
+        if parts:
+            got = rec.get("parts") or {}
+            missing = sorted(set(parts) - set(got))
+            if missing:
+                raise UserError(f"claim {claim_id}: evidence lacks the registry's parts {missing}")
+            verdicts = {name: _record_verdict(part, got[name], f"{claim_id}.{name}", level)
+                        for name, part in parts.items()}
+            for name, (v, why) in verdicts.items():
+                if v == NOT_MEASURED:
+                    return NOT_MEASURED, f"part {name}: {why}"
+            vs = [v for v, _ in verdicts.values()]
+            why = "; ".join(f"{name}: {v}" for name, (v, _) in verdicts.items())
+            if any(v == NOT_REPRODUCED for v in vs):
+                return NOT_REPRODUCED, why
+            return (REPRODUCED if all(v == REPRODUCED for v in vs) else INCONCLUSIVE), why
+        est = rec.get("estimate")
+        if est is None:
+            return NOT_MEASURED, rec.get("detail") or "no value"
+        if not isinstance(est, bool) or not rec.get("exact"):
+            raise UserError(f"claim {claim_id}: a check of kind 'true' without parts needs an exact boolean "
+                            f"estimate, got {est!r} (exact={rec.get('exact')})")
+        return (REPRODUCED if est else NOT_REPRODUCED), ""
+    est = rec.get("estimate")
+    if est is None:
+        return NOT_MEASURED, rec.get("detail") or "no value"
+    if isinstance(est, bool):
+        raise UserError(f"claim {claim_id}: check '{check['kind']}' needs a number, got {est!r}")
+    if rec.get("exact"):
+        low = high = est
+        if rec.get("low") not in (None, est) or rec.get("high") not in (None, est):
+            raise UserError(f"claim {claim_id}: an exact value must have a zero-width interval")
+    else:
+        low, high = rec.get("low"), rec.get("high")
+        if low is None or high is None:
+            return NOT_MEASURED, f"no interval (n = {rec['n']})"
+        if rec.get("level") != level:
+            raise UserError(f"claim {claim_id}: interval level {rec.get('level')} differs from the registry's {level}")
+        if not low <= est <= high:
+            raise UserError(f"claim {claim_id}: estimate {est} outside its interval [{low}, {high}]")
+    return interval_verdict(check, low, high), ""
 
 
 def load_evidence(paths: list[str | Path], scale: str) -> dict[str, dict]:
@@ -108,29 +198,54 @@ def load_evidence(paths: list[str | Path], scale: str) -> dict[str, dict]:
                 raise UserError(f"claim evidence {path} lacks '{key}'")
         if record["scale"] != scale:
             raise UserError(f"claim evidence {path} was made at scale '{record['scale']}', not '{scale}'")
-        evidence[record["study"]] = record
+        for cid, rec in record["values"].items():
+            try:
+                jsonschema.validate(rec, RECORD_SCHEMA)
+            except jsonschema.ValidationError as exc:
+                where = "/".join(map(str, exc.absolute_path))
+                raise UserError(f"claim evidence {path}: {cid}: {exc.message} at '{where}'") from None
+        evidence[record["study"]] = dict(record, path=str(path))
     return evidence
+
+
+def judge(claim: dict, rec: dict | None, evidence_present: bool, scale: str) -> tuple[str, str]:
+    """(verdict, reason) for one registry row and the record its study wrote (None if none)."""
+    if scale not in claim["scales"]:
+        return NOT_MEASURED, f"measurable at {', '.join(claim['scales'])} only"
+    if not evidence_present:
+        return NOT_MEASURED, f"study '{claim['study']}' produced no evidence"
+    if rec is None:
+        return NOT_MEASURED, f"study '{claim['study']}' reported no value for {claim['id']}"
+    failed = [g for g in rec.get("gates") or [] if not g["passed"]]
+    if failed:
+        return NOT_MEASURED, "gate failed: " + "; ".join(f"{g['name']}: {g['reason']}" for g in failed)
+    if rec["n"] < claim["min_n"] and not (rec.get("estimate") is None and not rec.get("parts")):
+        return NOT_MEASURED, f"n = {rec['n']} < min_n = {claim['min_n']}"
+    verdict, why = _record_verdict(claim["check"], rec, claim["id"], claim["level"])
+    if claim["evidence"] == "arithmetic" and verdict != NOT_MEASURED:
+        if verdict == INCONCLUSIVE:
+            raise UserError(f"claim {claim['id']}: an arithmetic check must be exact")
+        verdict = ARITHMETIC_OK if verdict == REPRODUCED else ARITHMETIC_BAD
+    return verdict, why
 
 
 def verify(registry: list[dict], evidence: dict[str, dict], scale: str) -> pd.DataFrame:
     rows = []
     for claim in registry:
-        value = evidence.get(claim["study"], {}).get("values", {}).get(claim["id"])
-        measured, detail = (value or {}).get("measured"), (value or {}).get("detail", "")
-        if scale not in claim["scales"]:
-            verdict, detail = NOT_MEASURED, f"measurable at {', '.join(claim['scales'])} only"
-        elif claim["study"] not in evidence:
-            verdict, detail = NOT_MEASURED, f"study '{claim['study']}' produced no evidence"
-        elif value is None:
-            verdict, detail = NOT_MEASURED, f"study '{claim['study']}' reported no value for {claim['id']}"
-        elif measured is None:
-            verdict = NOT_MEASURED
-        else:
-            verdict = REPRODUCED if apply_check(claim["check"], measured) else NOT_REPRODUCED
+        study = evidence.get(claim["study"])
+        rec = (study or {}).get("values", {}).get(claim["id"])
+        verdict, reason = judge(claim, rec, study is not None, scale)
+        rec = rec or {}
         rows.append({
             "id": claim["id"], "study": claim["study"], "paper": claim["paper"], "statement": claim["statement"],
-            "paper_value": claim["paper_value"], "metric": claim["metric"],
-            "check": describe_check(claim["check"]), "measured": measured, "n": (value or {}).get("n"),
-            "detail": detail, "verdict": verdict, "scale": scale,
+            "paper_value": claim["paper_value"], "metric": claim["metric"], "check": describe_check(claim["check"]),
+            "evidence": claim["evidence"], "estimate": rec.get("estimate"), "low": rec.get("low"),
+            "high": rec.get("high"), "level": None if rec.get("exact") else claim["level"],
+            "exact": bool(rec.get("exact")), "n": rec.get("n"), "min_n": claim["min_n"],
+            "diverged": rec.get("diverged", 0),
+            "gates": "; ".join(f"{g['name']}={'pass' if g['passed'] else 'FAIL'}" for g in rec.get("gates") or []),
+            "verdict": verdict, "reason": reason, "detail": rec.get("detail", ""),
+            "sources": " ".join(rec.get("sources") or []), "evidence_file": (study or {}).get("path", ""),
+            "scale": scale,
         })
     return pd.DataFrame(rows)

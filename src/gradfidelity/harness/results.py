@@ -1,4 +1,9 @@
-"""Reading finished runs back for aggregation: one row per run, diverged runs kept and labelled."""
+"""The one loader of run directories: every study's aggregation reads finished runs through here.
+
+One record per metrics.json, with its run directory, status, seed and scale; diverged runs are kept and labelled,
+so a table or a statistic has to decide explicitly what to do with them instead of silently averaging survivors.
+A run made at another scale than the one being aggregated is refused: stale results must never mix in.
+"""
 
 from __future__ import annotations
 
@@ -10,21 +15,40 @@ import pandas as pd
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import read_json
 
+STATUSES = ("ok", "diverged")
 
-def load_runs(paths: Iterable[str | Path], keys: Iterable[str] | None = None) -> pd.DataFrame:
-    """One row per metrics.json: status, seed, and the scalar metrics (or only `keys`).
 
-    A diverged run keeps its row with status "diverged" and empty metric cells, so a table or a statistic has to
-    decide explicitly what to do with it instead of silently averaging over survivors.
+def load_run_records(paths: Iterable[str | Path], scale: str | None = None) -> list[dict]:
+    """Each metrics.json as a dict: status, seed, scale, metrics, timing, plus `path` and `run_dir`.
+
+    With `scale`, every run must have been made at that scale (the harness records it in metrics.json).
     """
-    rows = []
+    records = []
     for path in paths:
         record = read_json(path)
-        if "status" not in record or "metrics" not in record:
+        if not isinstance(record, dict) or "status" not in record or "metrics" not in record:
             raise UserError(f"{path} is not a run's metrics.json (no status/metrics)")
+        if record["status"] not in STATUSES:
+            raise UserError(f"{path}: unknown run status {record['status']!r} (expected one of {STATUSES})")
+        if scale is not None and record.get("scale") != scale:
+            raise UserError(f"{path} was made at scale {record.get('scale')!r}, not {scale!r}: rerun it")
+        records.append({**record, "path": str(path), "run_dir": str(Path(path).parent)})
+    return records
+
+
+def load_runs(paths: Iterable[str | Path], keys: Iterable[str] | None = None,
+              scale: str | None = None) -> pd.DataFrame:
+    """One row per metrics.json: path, run_dir, status, seed, scale and the scalar metrics (or only `keys`).
+
+    A diverged run keeps its row with status "diverged" and empty metric cells.
+    """
+    rows = []
+    for record in load_run_records(paths, scale):
         metrics = record["metrics"] if record["status"] == "ok" else {}
-        wanted = keys if keys is not None else [k for k, v in metrics.items() if isinstance(v, (int, float))]
-        row = {"path": str(path), "status": record["status"], "seed": record.get("seed")}
+        wanted = keys if keys is not None else [
+            k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        row = {"path": record["path"], "run_dir": record["run_dir"], "status": record["status"],
+               "seed": record.get("seed"), "scale": record.get("scale")}
         row.update({k: metrics.get(k) for k in wanted})
         rows.append(row)
     return pd.DataFrame(rows)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable
@@ -30,6 +31,8 @@ from gradfidelity.harness.seeding import rng_state, seed_everything, set_rng_sta
 from gradfidelity.harness.threads import configure_threads
 
 CHECKPOINT = "checkpoint.pt"
+# The workflow puts the scale into every job's environment (common.smk), so each run records where it belongs.
+SCALE_ENV = "GRADFIDELITY_SCALE"
 
 
 class Diverged(Exception):
@@ -46,8 +49,9 @@ def _now() -> str:
 
 class Run:
     def __init__(self, out_dir: str | Path, *, study: str, config: dict, seed: int, threads: int,
-                 checkpoint_every: int | None = None, sample_memory: bool = True):
+                 checkpoint_every: int | None = None, sample_memory: bool = True, scale: str | None = None):
         self.dir = Path(out_dir)
+        self.scale = scale or os.environ.get(SCALE_ENV)
         self.study, self.config, self.seed, self.threads = study, config, seed, threads
         self.checkpoint_every = checkpoint_every
         self.status: str | None = None
@@ -138,14 +142,14 @@ class Run:
         self.wall_s = time.perf_counter() - self._t0
         timing = {"wall_s": self.wall_s, **timing}
         atomic_write_json(self.dir / "metrics.json", {
-            "status": status, "study": self.study, "seed": self.seed, "threads": self.threads,
-            "metrics": metrics, "timing": timing,
+            "status": status, "study": self.study, "scale": self.scale, "seed": self.seed,
+            "threads": self.threads, "metrics": metrics, "timing": timing,
         })
         self.log.info("status=%s wall=%.1fs", status, self.wall_s)
 
     def _write_provenance(self) -> None:
         record = {
-            "study": self.study, "seed": self.seed, "status": self.status,
+            "study": self.study, "scale": self.scale, "seed": self.seed, "status": self.status,
             "config": self.config, "config_hash": provenance.config_hash(self.config),
             "threads": self.thread_settings, "started": self.started, "ended": _now(),
             "wall_s": time.perf_counter() - self._t0, "resumed_from_step": self.resumed_from,

@@ -1,0 +1,178 @@
+"""The evidence contract: what a study hands to `verify` for one claim.
+
+A claim's evidence is an estimate with an interval, the number of independent units behind it (paired seeds, or
+rows of a deterministic matrix) and the gates (preconditions) that must hold before the number means anything:
+
+    {"estimate": 1.3, "low": 1.1, "high": 1.5, "level": 0.95, "exact": false, "n": 5,
+     "gates": [{"name": "reference_learned", "passed": true, "reason": "fixed SFT 41% vs constant 22%"}],
+     "detail": "...", "sources": ["results/cpu/local/enwik8/w128/bp/seed0", "paper_tables/cpu/local_main.csv"]}
+
+Why an interval and not a point: with one or two seeds a point estimate on either side of a threshold is a coin
+flip; `verify` decides on the whole interval, so "the evidence cannot tell" (inconclusive) is kept apart from
+"the evidence is against the claim" (not reproduced).
+
+- `exact: true` marks a measurement with no sampling noise (a deterministic probe, a recomputed statistic such as a
+  one-sided bound that is itself the paper's decision rule); its interval has zero width.
+- Otherwise `low`/`high` are a two-sided interval at `level`, which must equal the registry's level for the claim
+  (`level_for`), so a study cannot quietly use a narrower interval than the registry states.
+- A check of kind "true" is decided from its `parts`: one record of this same shape per part named in the
+  registry's `check.parts` (e.g. A9: an accuracy difference and a FLOPs ratio), or from an exact boolean estimate.
+- `estimate: null` means the study could not measure the claim; `detail` says why (a diverged seed, a missing arm).
+
+Build records with the functions below rather than by hand: they compute the intervals with scipy and refuse
+non-finite input, so a diverged run can never become a plausible-looking number.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+from scipy import stats
+
+_NUM = {"type": ["number", "null"]}
+GATE_SCHEMA = {
+    "type": "object", "required": ["name", "passed", "reason"], "additionalProperties": False,
+    "properties": {"name": {"type": "string"}, "passed": {"type": "boolean"}, "reason": {"type": "string"}},
+}
+RECORD_SCHEMA = {
+    "type": "object", "required": ["estimate", "n"], "additionalProperties": False,
+    "properties": {
+        "estimate": {"type": ["number", "boolean", "null"]}, "low": _NUM, "high": _NUM,
+        "level": _NUM, "exact": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0},
+        "gates": {"type": "array", "items": GATE_SCHEMA}, "detail": {"type": "string"},
+        "sources": {"type": "array", "items": {"type": "string"}},
+        "diverged": {"type": "integer", "minimum": 0},
+    },
+}
+RECORD_SCHEMA["properties"]["parts"] = {"type": "object", "additionalProperties": {
+    **RECORD_SCHEMA, "properties": dict(RECORD_SCHEMA["properties"])}}
+
+
+@lru_cache(maxsize=1)
+def _levels() -> tuple[float, dict[str, float]]:
+    from gradfidelity.claims.verify import load_registry_document
+
+    doc = load_registry_document()
+    return doc["interval_level"], {row["id"]: row.get("level", doc["interval_level"]) for row in doc["claims"]}
+
+
+def level_for(claim_id: str) -> float:
+    """The interval level the registry states for `claim_id` (its own `level`, else the registry default)."""
+    default, per_claim = _levels()
+    if claim_id not in per_claim:
+        raise KeyError(f"claim {claim_id!r} is not in the registry")
+    return per_claim[claim_id]
+
+
+def _finite(values, what: str) -> np.ndarray:
+    arr = np.asarray(values, dtype=float).ravel()
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{what}: non-finite values (a diverged run?) must be handled before the statistics")
+    return arr
+
+
+def gate(name: str, passed: bool, reason: str) -> dict:
+    return {"name": name, "passed": bool(passed), "reason": reason}
+
+
+def _record(estimate, low, high, *, level, exact, n, detail, gates, sources, diverged=0) -> dict:
+    rec = {"estimate": estimate, "low": low, "high": high, "level": level, "exact": exact, "n": int(n),
+           "detail": detail, "gates": list(gates or []), "sources": [str(s) for s in (sources or [])]}
+    if diverged:
+        rec["diverged"] = int(diverged)
+    return rec
+
+
+def not_measured(detail: str, *, n: int = 0, gates=None, sources=None, diverged: int = 0) -> dict:
+    """No number: the study could not measure the claim; `detail` says why."""
+    return _record(None, None, None, level=None, exact=False, n=n, detail=detail, gates=gates, sources=sources,
+                   diverged=diverged)
+
+
+def exact(value, *, n: int, detail: str = "", gates=None, sources=None) -> dict:
+    """A measurement without sampling noise (deterministic probe, a decision statistic): zero-width interval."""
+    if isinstance(value, bool):
+        return _record(value, None, None, level=None, exact=True, n=n, detail=detail, gates=gates, sources=sources)
+    v = float(_finite([value], "exact")[0])
+    return _record(v, v, v, level=None, exact=True, n=n, detail=detail, gates=gates, sources=sources)
+
+
+def mean_ci(values: Sequence[float], level: float, *, detail: str = "", gates=None, sources=None,
+            diverged: int = 0) -> dict:
+    """Mean over independent units (paired seeds' differences, per-seed statistics) with a two-sided t interval.
+
+    One unit gives an estimate without an interval; `verify` then reports the claim as not measured (n < min_n).
+    """
+    x = _finite(values, "mean_ci")
+    if len(x) == 0:
+        return not_measured(detail or "no values", gates=gates, sources=sources, diverged=diverged)
+    est = float(x.mean())
+    low = high = None
+    if len(x) >= 2:
+        if float(x.std(ddof=1)) == 0.0:
+            low = high = est  # identical units: the t interval degenerates to the point
+        else:
+            ci = stats.ttest_1samp(x, popmean=0.0).confidence_interval(level)
+            low, high = float(ci.low), float(ci.high)
+    return _record(est, low, high, level=level, exact=False, n=len(x), detail=detail, gates=gates,
+                   sources=sources, diverged=diverged)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], level: float, **kwargs) -> dict:
+    """Mean of a - b over paired seeds (same seed = same initialisation and data order) with a t interval."""
+    a, b = _finite(a, "paired_difference"), _finite(b, "paired_difference")
+    if a.shape != b.shape:
+        raise ValueError(f"paired_difference: {len(a)} vs {len(b)} values are not paired")
+    return mean_ci(a - b, level, **kwargs)
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float], level: float, **kwargs) -> dict:
+    """Geometric mean of a / b over paired seeds with a t interval on the log ratios (a ratio's natural scale)."""
+    a, b = _finite(a, "paired_ratio"), _finite(b, "paired_ratio")
+    if a.shape != b.shape:
+        raise ValueError(f"paired_ratio: {len(a)} vs {len(b)} values are not paired")
+    if (a <= 0).any() or (b <= 0).any():
+        raise ValueError("paired_ratio: ratios need positive values")
+    rec = mean_ci(np.log(a / b), level, **kwargs)
+    for key in ("estimate", "low", "high"):
+        if rec[key] is not None:
+            rec[key] = math.exp(rec[key])
+    return rec
+
+
+def with_parts(parts: dict[str, dict], *, detail: str = "", gates=None, sources=None) -> dict:
+    """A check of kind "true": its verdict comes from the parts, each a record of its own."""
+    ns = [p["n"] for p in parts.values()]
+    rec = _record(None, None, None, level=None, exact=all(p.get("exact") for p in parts.values()),
+                  n=min(ns) if ns else 0, detail=detail, gates=gates, sources=sources)
+    rec["parts"] = parts
+    return rec
+
+
+def weakest(records: dict[str, dict], threshold: float = 0.0) -> dict:
+    """The deciding record of an "every comparison holds" claim (intersection-union test, one check for all).
+
+    Every comparison must hold on its whole interval for the claim to hold, so the record with the smallest lower
+    bound decides a pass; any comparison whose whole interval contradicts the claim decides a fail. For checks of
+    the form "> threshold" on each record. The chosen comparison's name is put in front of its detail.
+    """
+    if not records:
+        raise ValueError("weakest: no comparisons")
+    missing = {k: r for k, r in records.items() if r["estimate"] is None}
+    if missing:
+        name, rec = next(iter(missing.items()))
+        return dict(rec, detail=f"{name}: {rec['detail']}")
+    no_interval = {k: r for k, r in records.items() if r["low"] is None}
+    if no_interval:
+        name, rec = next(iter(no_interval.items()))
+    else:
+        name, rec = min(records.items(), key=lambda kv: (kv[1]["high"], kv[1]["low"]))
+        if not rec["high"] <= threshold:  # no comparison contradicts on its whole interval: the smallest lower bound decides
+            name, rec = min(records.items(), key=lambda kv: kv[1]["low"])
+    others = ", ".join(f"{k} {r['estimate']:.4g} [{r['low']:.4g}, {r['high']:.4g}]" if r["low"] is not None
+                       else f"{k} {r['estimate']:.4g}" for k, r in records.items())
+    return dict(rec, detail=f"deciding comparison: {name}; all: {others}" + (f"; {rec['detail']}" if rec["detail"]
+                                                                              else ""))
