@@ -1,7 +1,8 @@
 # gradfidelity: one DAG from data to claims verdicts for three papers on bent gradients.
-#   snakemake -c2                         the smoke scale (default), everything
-#   snakemake -c2 --config scale=cpu      workstation scale
-#   snakemake -c2 paper_tables/claims.md  any single output, with what it needs
+#   snakemake -c2                               the smoke scale (default), everything
+#   snakemake -c2 --config scale=cpu            the cpu (evidence) scale
+#   snakemake -c2 paper_tables/smoke/claims.md  any single output, with what it needs
+# Outputs of scale S live under results/S/, paper_tables/S/ and figures/S/.
 # See README.md (targets per claim) and CONTRIBUTING.md (how a study plugs in).
 from snakemake.utils import min_version
 
@@ -32,6 +33,6 @@ localrules:
 
 rule all:
     input:
-        "paper_tables/claims.md",
+        TABLES + "/claims.md",
         REPORT_TARGETS,
     default_target: True

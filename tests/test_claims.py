@@ -1,14 +1,25 @@
-"""Claims verification: checks, scales, missing evidence, and that the registry itself is well-formed."""
+"""Claims: interval verdicts on hand-made evidence (every verdict, every check kind), the evidence constructors
+against scipy, the registry's own well-formedness, and the report built from an evidence file."""
 
 import json
+import math
 
+import numpy as np
+import pandas as pd
 import pytest
+from scipy import stats
 
+from gradfidelity.claims import evidence as ev
+from gradfidelity.claims.report import write_claims_report
 from gradfidelity.claims.verify import (
+    ARITHMETIC_BAD,
+    ARITHMETIC_OK,
+    INCONCLUSIVE,
     NOT_MEASURED,
     NOT_REPRODUCED,
     REPRODUCED,
-    apply_check,
+    interval_verdict,
+    judge,
     load_evidence,
     load_registry,
     verify,
@@ -16,59 +27,177 @@ from gradfidelity.claims.verify import (
 from gradfidelity.errors import UserError
 
 ROW = {"id": "X1", "study": "s", "paper": "p", "statement": "s", "paper_value": "v", "metric": "m",
-       "check": {"kind": "gt", "threshold": 1.0}, "scales": ["smoke", "cpu"], "why": "w"}
+       "check": {"kind": "gt", "threshold": 1.0}, "scales": ["smoke", "cpu"], "why": "w", "min_n": 3,
+       "level": 0.95, "evidence": "measured"}
 
 
-def test_registry_loads_and_lists_every_claim_of_facts_md():
-    ids = {row["id"] for row in load_registry()}
+def rec(estimate, low=None, high=None, n=5, **kw):
+    return {"estimate": estimate, "low": low, "high": high, "level": 0.95, "exact": False, "n": n, **kw}
+
+
+def test_registry_lists_every_claim_with_min_n_and_level():
+    rows = load_registry()
+    ids = {row["id"] for row in rows}
     expected = {f"A{i}" for i in range(1, 10)} | {"B1", "B2", "B3", "B4", "B6", "B7", "B8"} | {
         f"C{i}" for i in range(1, 11)}
     assert expected <= ids
     assert {"B5-muon", "B5-adamw", "B9-sync_start", "B9-sync_cooldown", "B9-taylor"} <= ids
+    assert all(row["min_n"] >= 1 and 0 < row["level"] < 1 for row in rows)
+    assert [r["id"] for r in rows if r["evidence"] == "arithmetic"] == ["C5"]
 
 
-@pytest.mark.parametrize("check,value,expected", [
-    ({"kind": "gt", "threshold": 0}, 0.1, True), ({"kind": "gt", "threshold": 0}, 0.0, False),
-    ({"kind": "ge", "threshold": 0}, 0.0, True), ({"kind": "lt", "threshold": 1}, 1.0, False),
-    ({"kind": "le", "threshold": 1}, 1.0, True), ({"kind": "between", "range": [50, 70]}, 70, True),
-    ({"kind": "between", "range": [50, 70]}, 70.01, False), ({"kind": "equals", "value": 3}, 3, True),
-    ({"kind": "equals", "value": [1, 0]}, [1, 1], False), ({"kind": "true"}, True, True),
-    ({"kind": "true"}, False, False),
+@pytest.mark.parametrize("check,low,high,expected", [
+    ({"kind": "gt", "threshold": 0}, 0.1, 0.5, REPRODUCED),
+    ({"kind": "gt", "threshold": 0}, -0.1, 0.5, INCONCLUSIVE),   # spans the threshold
+    ({"kind": "gt", "threshold": 0}, -0.5, 0.0, NOT_REPRODUCED),  # whole interval <= 0
+    ({"kind": "ge", "threshold": 0}, 0.0, 0.5, REPRODUCED),
+    ({"kind": "lt", "threshold": 1}, 0.2, 0.9, REPRODUCED),
+    ({"kind": "lt", "threshold": 1}, 0.9, 1.1, INCONCLUSIVE),
+    ({"kind": "lt", "threshold": 1}, 1.0, 1.3, NOT_REPRODUCED),
+    ({"kind": "le", "threshold": 1}, 1.0, 1.0, REPRODUCED),
+    ({"kind": "between", "range": [50, 70]}, 55, 65, REPRODUCED),
+    ({"kind": "between", "range": [50, 70]}, 45, 65, INCONCLUSIVE),
+    ({"kind": "between", "range": [50, 70]}, 71, 90, NOT_REPRODUCED),
+    ({"kind": "between", "range": [50, 70]}, 10, 49, NOT_REPRODUCED),
+    ({"kind": "between", "range": [50, 70]}, 40, 80, INCONCLUSIVE),  # covers the range and beyond
+    ({"kind": "equals", "value": 3}, 3, 3, REPRODUCED),
+    ({"kind": "equals", "value": 3}, 2, 3.5, INCONCLUSIVE),
+    ({"kind": "equals", "value": 0}, 2, 2, NOT_REPRODUCED),
 ])
-def test_apply_check(check, value, expected):
-    assert apply_check(check, value) is expected
+def test_interval_verdict(check, low, high, expected):
+    assert interval_verdict(check, low, high) == expected
 
 
-def test_a_wrong_type_is_an_error_not_a_fail():
-    with pytest.raises(ValueError):
-        apply_check({"kind": "true"}, 1)
-    with pytest.raises(ValueError):
-        apply_check({"kind": "gt", "threshold": 0}, float("nan"))
+def test_a_point_on_the_right_side_with_an_interval_across_the_threshold_is_inconclusive():
+    verdict, _ = judge(ROW, rec(1.4, 0.8, 2.0), True, "cpu")
+    assert verdict == INCONCLUSIVE
+    assert judge(ROW, rec(1.4, 1.1, 1.7), True, "cpu")[0] == REPRODUCED
+    assert judge(ROW, rec(0.6, 0.2, 0.9), True, "cpu")[0] == NOT_REPRODUCED
 
 
-def test_verdicts_cover_scale_missing_and_null():
-    rows = [dict(ROW, id="X1"), dict(ROW, id="X2"), dict(ROW, id="X3"), dict(ROW, id="X4", scales=["paper"]),
-            dict(ROW, id="Y1", study="absent")]
-    evidence = {"s": {"study": "s", "scale": "smoke", "values": {
-        "X1": {"measured": 2.0}, "X2": {"measured": 0.5}, "X3": {"measured": None, "detail": "diverged"},
-        "X4": {"measured": 5.0}}}}
-    df = verify(rows, evidence, "smoke").set_index("id")
-    assert df.loc["X1", "verdict"] == REPRODUCED
-    assert df.loc["X2", "verdict"] == NOT_REPRODUCED
-    assert df.loc["X3", "verdict"] == NOT_MEASURED and df.loc["X3", "detail"] == "diverged"
-    assert df.loc["X4", "verdict"] == NOT_MEASURED  # measured, but not at a scale where it is measurable
-    assert df.loc["Y1", "verdict"] == NOT_MEASURED
+def test_n_below_min_n_is_never_a_verdict_even_with_a_clear_interval():
+    verdict, reason = judge(ROW, rec(5.0, 4.0, 6.0, n=2), True, "cpu")
+    assert verdict == NOT_MEASURED and reason == "n = 2 < min_n = 3"
+    verdict, reason = judge(ROW, rec(5.0, n=1), True, "cpu")  # one seed: no interval at all
+    assert verdict == NOT_MEASURED and "min_n" in reason
 
 
-def test_evidence_from_another_scale_is_refused(tmp_path):
-    path = tmp_path / "e.json"
-    path.write_text(json.dumps({"study": "s", "scale": "cpu", "values": {}}))
+def test_a_failed_gate_is_not_measured_with_its_reason():
+    gates = [ev.gate("reference_learned", False, "fixed SFT 20% vs constant answer 23%"),
+             ev.gate("plateau", True, "ok")]
+    verdict, reason = judge(ROW, rec(5.0, 4.0, 6.0, gates=gates), True, "cpu")
+    assert verdict == NOT_MEASURED
+    assert reason == "gate failed: reference_learned: fixed SFT 20% vs constant answer 23%"
+
+
+def test_scale_missing_study_missing_value_and_null_are_not_measured():
+    assert judge(ROW, rec(5.0, 4.0, 6.0), True, "paper") == (NOT_MEASURED, "measurable at smoke, cpu only")
+    assert judge(ROW, None, False, "cpu")[0] == NOT_MEASURED
+    assert "reported no value" in judge(ROW, None, True, "cpu")[1]
+    assert judge(ROW, ev.not_measured("seed 1 diverged"), True, "cpu") == (NOT_MEASURED, "seed 1 diverged")
+
+
+def test_exact_values_have_zero_width_and_need_no_level():
+    assert judge(dict(ROW, min_n=1), ev.exact(2.0, n=1), True, "cpu")[0] == REPRODUCED
+    assert judge(dict(ROW, min_n=1), ev.exact(1.0, n=1), True, "cpu")[0] == NOT_REPRODUCED
+    bad = dict(ev.exact(2.0, n=3), low=1.0)
+    with pytest.raises(UserError, match="zero-width"):
+        judge(ROW, bad, True, "cpu")
+
+
+def test_an_interval_at_another_level_or_around_another_point_is_refused():
+    with pytest.raises(UserError, match="level"):
+        judge(ROW, dict(rec(1.4, 1.1, 1.7), level=0.8), True, "cpu")
+    with pytest.raises(UserError, match="outside its interval"):
+        judge(ROW, rec(3.0, 1.1, 1.7), True, "cpu")
+
+
+def test_arithmetic_rows_are_checked_not_reproduced():
+    row = dict(ROW, evidence="arithmetic", check={"kind": "between", "range": [422, 424]}, min_n=1)
+    assert judge(row, ev.exact(423.4, n=5), True, "smoke")[0] == ARITHMETIC_OK
+    assert judge(row, ev.exact(500.0, n=5), True, "smoke")[0] == ARITHMETIC_BAD
+
+
+def test_true_with_parts_needs_every_part():
+    row = dict(ROW, check={"kind": "true", "parts": {"accuracy": {"kind": "gt", "threshold": 0},
+                                                     "flops": {"kind": "lt", "threshold": 1}}})
+    good = ev.with_parts({"accuracy": rec(2.0, 1.0, 3.0), "flops": ev.exact(0.5, n=5)})
+    assert judge(row, good, True, "cpu")[0] == REPRODUCED
+    one_bad = ev.with_parts({"accuracy": rec(2.0, 1.0, 3.0), "flops": ev.exact(1.5, n=5)})
+    assert judge(row, one_bad, True, "cpu")[0] == NOT_REPRODUCED
+    one_open = ev.with_parts({"accuracy": rec(2.0, -1.0, 5.0), "flops": ev.exact(0.5, n=5)})
+    assert judge(row, one_open, True, "cpu")[0] == INCONCLUSIVE
+    with pytest.raises(UserError, match="parts"):
+        judge(row, ev.with_parts({"accuracy": rec(2.0, 1.0, 3.0)}), True, "cpu")
+
+
+def test_true_without_parts_takes_an_exact_boolean_only():
+    row = dict(ROW, check={"kind": "true"}, min_n=1)
+    assert judge(row, ev.exact(True, n=4), True, "cpu")[0] == REPRODUCED
+    assert judge(row, ev.exact(False, n=4), True, "cpu")[0] == NOT_REPRODUCED
+    with pytest.raises(UserError, match="exact boolean"):
+        judge(row, rec(1.0, 0.5, 1.5), True, "cpu")
+
+
+def test_mean_ci_is_scipys_t_interval():
+    x = np.random.default_rng(3).normal(1.0, 0.5, size=6)
+    r = ev.mean_ci(x, 0.95)
+    low, high = stats.t.interval(0.95, df=5, loc=x.mean(), scale=stats.sem(x))
+    assert r["n"] == 6 and r["estimate"] == pytest.approx(x.mean())
+    assert (r["low"], r["high"]) == (pytest.approx(low), pytest.approx(high))
+    with pytest.raises(ValueError, match="non-finite"):
+        ev.mean_ci([1.0, math.nan], 0.95)
+
+
+def test_paired_ratio_is_an_interval_on_log_ratios():
+    a, b = np.array([1.3, 1.5, 1.4, 1.2]), np.array([1.0, 1.1, 0.9, 1.0])
+    r = ev.paired_ratio(a, b, 0.95)
+    logr = np.log(a / b)
+    low, high = stats.t.interval(0.95, df=3, loc=logr.mean(), scale=stats.sem(logr))
+    assert r["estimate"] == pytest.approx(math.exp(logr.mean()))
+    assert (r["low"], r["high"]) == (pytest.approx(math.exp(low)), pytest.approx(math.exp(high)))
+
+
+def test_weakest_comparison_decides_an_every_comparison_claim():
+    strong, weak, bad = rec(3.0, 2.0, 4.0), rec(1.0, 0.2, 1.8), rec(-1.0, -2.0, -0.5)
+    assert ev.weakest({"a": strong, "b": weak})["low"] == 0.2
+    assert ev.weakest({"a": strong, "b": weak, "c": bad})["high"] == -0.5  # a contradiction settles it
+    assert "deciding comparison: c" in ev.weakest({"a": strong, "c": bad})["detail"]
+
+
+def _evidence_file(tmp_path, values, scale="cpu", study="s"):
+    path = tmp_path / f"{study}.json"
+    path.write_text(json.dumps({"study": study, "scale": scale, "values": values}))
+    return path
+
+
+def test_evidence_from_another_scale_or_in_the_old_format_is_refused(tmp_path):
     with pytest.raises(UserError, match="scale"):
-        load_evidence([path], "smoke")
+        load_evidence([_evidence_file(tmp_path, {}, scale="smoke")], "cpu")
+    with pytest.raises(UserError, match="X1"):
+        load_evidence([_evidence_file(tmp_path, {"X1": {"measured": 2.0, "n": 3}})], "cpu")
 
 
 def test_bad_registry_is_refused(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("claims:\n- id: X\n  study: s\n")
+    path.write_text("interval_level: 0.95\nclaims:\n- id: X\n  study: s\n")
     with pytest.raises(UserError, match="claims registry"):
         load_registry(path)
+
+
+def test_report_counts_verdicts_and_never_calls_a_small_n_reproduced(tmp_path):
+    registry = [dict(ROW, id="X1"), dict(ROW, id="X2"), dict(ROW, id="X3"), dict(ROW, id="X4")]
+    path = _evidence_file(tmp_path, {"X1": rec(2.0, 1.5, 2.5), "X2": rec(2.0, 1.5, 2.5, n=2),
+                                     "X3": rec(1.2, 0.5, 1.9), "X4": rec(0.1, 0.0, 0.2)})
+    df = verify(registry, load_evidence([path], "cpu"), "cpu").set_index("id")
+    assert df["verdict"].to_dict() == {"X1": REPRODUCED, "X2": NOT_MEASURED, "X3": INCONCLUSIVE,
+                                       "X4": NOT_REPRODUCED}
+
+
+def test_claims_report_files(tmp_path):
+    ds = _evidence_file(tmp_path, {"A2": ev.exact(0.0, n=4)}, study="ds_audit")
+    out = write_claims_report([ds], tmp_path / "c.csv", tmp_path / "c.md", "cpu")
+    md = (tmp_path / "c.md").read_text()
+    assert "n / min_n" in md and "exact" in md
+    assert out.set_index("id").loc["A2", "verdict"] == REPRODUCED
+    assert pd.read_csv(tmp_path / "c.csv").shape[0] == len(load_registry())

@@ -2,20 +2,28 @@
 
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+import psutil
 import pytest
 import torch
+from matplotlib.figure import Figure
 
 from gradfidelity.harness import Run, load_runs
+from gradfidelity.harness import io as harness_io
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.memory import PeakPSS, tree_pss_bytes
+from gradfidelity.harness.run import SCALE_ENV
 
 FIXTURE = Path(__file__).with_name("_train_fixture.py")
+MiB = 2**20
 
 
 def _run(out, steps, *extra, wait=True):
@@ -30,9 +38,19 @@ def _metrics(out):
     return json.loads((Path(out) / "metrics.json").read_text())
 
 
-def test_sigkill_then_rerun_gives_identical_metrics(tmp_path):
-    steps = 40
-    _run(tmp_path / "straight", steps)
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """metrics.json of an uninterrupted fixture run of STEPS steps, the reference for every resume test."""
+    out = tmp_path_factory.mktemp("straight")
+    _run(out, STEPS)
+    return _metrics(out)
+
+
+def test_sigkill_then_rerun_gives_identical_metrics(tmp_path, straight):
+    steps = STEPS
     proc = _run(tmp_path / "killed", steps, "--sleep", "0.05", wait=False)
     ckpt = tmp_path / "killed" / "checkpoint.pt"
     deadline = time.monotonic() + 120
@@ -46,7 +64,7 @@ def test_sigkill_then_rerun_gives_identical_metrics(tmp_path):
     killed_at = torch.load(ckpt, weights_only=True)["step"]
     assert 8 <= killed_at < steps
     _run(tmp_path / "killed", steps)  # the rerun resumes from the checkpoint
-    a, b = _metrics(tmp_path / "straight"), _metrics(tmp_path / "killed")
+    a, b = straight, _metrics(tmp_path / "killed")
     assert a["status"] == b["status"] == "ok"
     assert a["metrics"] == b["metrics"]  # bit-identical, timing fields aside
     prov = json.loads((tmp_path / "killed" / "provenance.json").read_text())
@@ -54,15 +72,32 @@ def test_sigkill_then_rerun_gives_identical_metrics(tmp_path):
     assert not ckpt.exists(), "a finished run drops its checkpoint"
 
 
-def test_resume_without_rng_restore_would_differ(tmp_path):
-    """Guard against a vacuous resume test: a fresh run with a different seed gives different metrics."""
-    _run(tmp_path / "a", 12)
-    out = tmp_path / "b"
-    with Run(out, study="fixture", config={}, seed=4, threads=1) as run:
-        run.finish({"x": float(torch.randn(()))})
-    with Run(tmp_path / "c", study="fixture", config={}, seed=3, threads=1) as run:
-        run.finish({"x": float(torch.randn(()))})
-    assert _metrics(out)["metrics"] != _metrics(tmp_path / "c")["metrics"]
+def _die_midway(out, die_at):
+    """A fixture run that SIGKILLs itself after step `die_at`; returns the step of the checkpoint it left."""
+    proc = subprocess.run([sys.executable, str(FIXTURE), str(out), str(STEPS), "--die-at", str(die_at)], timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "metrics.json").exists()
+    return torch.load(out / "checkpoint.pt", weights_only=True)["step"]
+
+
+def test_resume_restores_rng_and_a_resume_without_it_differs(tmp_path, straight):
+    """The guard that keeps the resume test from being vacuous: both reruns really resume from a mid-run checkpoint;
+    the one that restores the RNG states matches the uninterrupted run, the one that skips them does not."""
+    killed_at = _die_midway(tmp_path / "good", die_at=14)
+    assert killed_at == 12  # checkpoints every 4 steps; steps 13 and 14 were lost and must be redone
+    shutil.copytree(tmp_path / "good", tmp_path / "broken")
+
+    _run(tmp_path / "good", STEPS)
+    _run(tmp_path / "broken", STEPS, "--no-rng-restore")
+    for name in ("good", "broken"):
+        prov = json.loads((tmp_path / name / "provenance.json").read_text())
+        assert prov["resumed_from_step"] == killed_at, name
+        assert len(_metrics(tmp_path / name)["metrics"]["history"]) == STEPS, name
+    assert _metrics(tmp_path / "good")["metrics"] == straight["metrics"]
+    broken = _metrics(tmp_path / "broken")["metrics"]
+    assert broken["history"][:killed_at] == straight["metrics"]["history"][:killed_at]  # from the checkpoint
+    assert broken["history"][killed_at:] != straight["metrics"]["history"][killed_at:]
+    assert broken["weight_sum"] != straight["metrics"]["weight_sum"]
 
 
 def test_nan_loss_marks_run_diverged(tmp_path):
@@ -96,9 +131,71 @@ def test_provenance_records_what_the_issue_lists(tmp_path):
     for key in ("git_sha", "git_dirty", "packages", "machine", "threads", "config_hash", "seed", "started",
                 "ended", "wall_s", "memory"):
         assert key in prov, key
-    assert prov["packages"]["torch"].startswith("2.13")
+    assert prov["packages"]["torch"] == torch.__version__
     assert prov["threads"]["torch_num_threads"] == 1
     assert prov["memory"]["peak_tree_pss_bytes"] > 0
+
+
+def _records(out):
+    return _metrics(out), json.loads((Path(out) / "provenance.json").read_text())
+
+
+def test_scale_recorded_from_argument_or_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv(SCALE_ENV, raising=False)
+    with Run(tmp_path / "arg", study="t", config={}, seed=0, threads=1, scale="smoke") as run:
+        run.finish({"x": 1.0})
+    monkeypatch.setenv(SCALE_ENV, "full")
+    with Run(tmp_path / "env", study="t", config={}, seed=0, threads=1) as run:
+        run.finish({"x": 1.0})
+    with Run(tmp_path / "both", study="t", config={}, seed=0, threads=1, scale="smoke") as run:
+        run.finish({"x": 1.0})
+    with Run(tmp_path / "diverged", study="t", config={}, seed=0, threads=1) as run:
+        run.finish({"x": float("nan")})
+    for name, want in {"arg": "smoke", "env": "full", "both": "smoke", "diverged": "full"}.items():
+        metrics, prov = _records(tmp_path / name)
+        assert metrics["scale"] == want, name
+        assert prov["scale"] == want, name
+    assert _metrics(tmp_path / "diverged")["status"] == "diverged"
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o027, 0o640)])
+def test_atomic_writers_give_the_mode_a_plain_open_would(tmp_path, umask, mode):
+    fig = Figure()
+    fig.add_subplot().plot([0, 1])
+    writers = {
+        "a.txt": lambda p: harness_io.atomic_write_text(p, "x"),
+        "a.json": lambda p: harness_io.atomic_write_json(p, {"v": 1}),
+        "a.pt": lambda p: harness_io.atomic_torch_save(p, {"w": torch.zeros(2)}),
+        "a.png": lambda p: harness_io.atomic_savefig(fig, p),
+        "a.csv": lambda p: harness_io.atomic_write_csv(pd.DataFrame({"a": [1]}), p),
+    }
+    old = os.umask(umask)
+    try:
+        assert harness_io.current_umask() == umask
+        with open(tmp_path / "plain", "w"):
+            pass
+        for name, write in writers.items():
+            write(tmp_path / name)
+            write(tmp_path / name)  # overwriting an existing output gives the same mode
+        assert os.umask(umask) == umask, "reading the umask must not change it"
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "plain").stat().st_mode) == mode  # the reference: what open() does
+    for name in writers:
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name
+
+
+def test_umask_fallback_without_proc(monkeypatch):
+    def no_proc(*args, **kwargs):
+        raise FileNotFoundError("/proc/self/status")
+
+    monkeypatch.setattr(harness_io, "open", no_proc, raising=False)
+    old = os.umask(0o027)
+    try:
+        assert harness_io.current_umask() == 0o027
+        assert os.umask(0o027) == 0o027, "the fallback restores the umask it read"
+    finally:
+        os.umask(old)
 
 
 def test_atomic_write_leaves_old_file_when_writer_fails(tmp_path):
@@ -110,16 +207,57 @@ def test_atomic_write_leaves_old_file_when_writer_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"], "no temp file left behind"
 
 
-def test_tree_pss_counts_children(tmp_path):
-    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(200 * 2**20); time.sleep(30)"])
+CHILD = """
+import sys, time
+print("ready", flush=True)
+n = int(sys.stdin.readline())
+buf = bytearray(n)
+for i in range(0, n, 4096):
+    buf[i] = 1
+print("touched", flush=True)
+time.sleep(120)
+"""
+
+
+def _smaps_pss(pid):
+    """Reference reader, independent of psutil: Pss from /proc/PID/smaps_rollup, kB -> bytes."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no Pss line")
+
+
+def test_tree_pss_rises_by_what_a_child_touches():
+    n = 200 * MiB
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.5)
+        assert child.stdout.readline().strip() == "ready"
+        child_before, tree_before = tree_pss_bytes(child.pid), tree_pss_bytes()
+        assert child_before > 0
+        assert tree_before > _smaps_pss(os.getpid()) + child_before - 8 * MiB  # the tree counts the child
         with PeakPSS(interval=0.02) as mem:
+            child.stdin.write(f"{n}\n")
+            child.stdin.flush()
+            assert child.stdout.readline().strip() == "touched"
             time.sleep(0.1)
-        own = tree_pss_bytes(child.pid)
-        assert own > 150 * 2**20
-        assert mem.peak_bytes >= own
+        child_after, tree_after = tree_pss_bytes(child.pid), tree_pss_bytes()
+        assert abs(child_after - _smaps_pss(child.pid)) < 2 * MiB  # psutil agrees with the kernel's own file
+        assert 0.9 * n < child_after - child_before < 1.1 * n
+        assert 0.8 * n < tree_after - tree_before < 1.25 * n  # generous: pytest itself may allocate meanwhile
+        assert mem.peak_bytes >= tree_before + 0.9 * n
+        assert mem.record()["peak_tree_pss_bytes"] == mem.peak_bytes
     finally:
         child.kill()
         child.wait()
-    assert os.getpid()
+
+
+def test_exited_child_counts_zero():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc = psutil.Process(child.pid)
+    deadline = time.monotonic() + 60
+    while proc.status() != psutil.STATUS_ZOMBIE:  # exited, not yet reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert tree_pss_bytes(child.pid) == 0
+    child.wait()  # reaped: the pid is gone
+    assert tree_pss_bytes(child.pid) == 0

@@ -11,10 +11,9 @@ from statsmodels.stats.weightstats import ttost_paired
 from gradfidelity.stats import equivalence_tost, implied_sd, noninferiority, paired_ratio_ci, seeds_for_power
 from gradfidelity.stats.check import stats_check_table
 
-rng = np.random.default_rng(0)
-
 
 def test_noninferiority_matches_textbook_bound():
+    rng = np.random.default_rng(0)
     bp = rng.uniform(1.5, 1.7, size=7)
     method = bp * (1 + rng.normal(0.008, 0.01, size=7))
     res = noninferiority(method, bp, margin_pct=1.0)
@@ -33,6 +32,7 @@ def test_noninferiority_decides_both_ways():
 
 
 def test_paired_ratio_ci_is_a_log_t_interval():
+    rng = np.random.default_rng(1)
     b = rng.uniform(900, 1100, size=6)
     a = b * np.exp(rng.normal(0.3, 0.02, size=6))
     res = paired_ratio_ci(a, b)
@@ -43,12 +43,60 @@ def test_paired_ratio_ci_is_a_log_t_interval():
     assert res.high == pytest.approx(math.exp(logr.mean() + half))
 
 
-def test_tost_agrees_with_statsmodels():
+def _tost_reference(a, b, bound):
+    """The 90% CI of mean(a - b) from scipy's t quantile, and statsmodels' TOST p-value (max of the two one-sided)."""
+    d = np.asarray(a) - np.asarray(b)
+    half = stats.t.ppf(0.95, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    pvalue, _, _ = ttost_paired(np.asarray(a), np.asarray(b), -bound, bound)
+    return d.mean() - half, d.mean() + half, pvalue
+
+
+@pytest.mark.parametrize(("seed", "shift", "bound", "equivalent"), [
+    (2, 0.0005, 0.005, True),    # small difference, CI well inside +-bound
+    (3, 0.0005, 0.0008, False),  # same kind of data, bound narrower than the CI
+    (4, 0.006, 0.005, False),    # the difference itself is beyond the bound
+])
+def test_tost_ci_and_decision_against_scipy_and_statsmodels(seed, shift, bound, equivalent):
+    rng = np.random.default_rng(seed)
     a = rng.normal(1.30, 0.004, size=8)
-    b = a + rng.normal(0.001, 0.002, size=8)
-    ours = equivalence_tost(a, b, bound=0.005)
-    pvalue, _, _ = ttost_paired(a, b, -0.005, 0.005)
-    assert ours["equivalent"] == (pvalue < 0.05)
+    b = a - shift + rng.normal(0.0, 0.001, size=8)
+    ours = equivalence_tost(a, b, bound=bound)
+    low, high, pvalue = _tost_reference(a, b, bound)
+    assert ours["ci_low"] == pytest.approx(low, rel=1e-10)
+    assert ours["ci_high"] == pytest.approx(high, rel=1e-10)
+    assert ours["mean_diff"] == pytest.approx(float(np.mean(a - b)), rel=1e-12)
+    assert ours["equivalent"] is equivalent
+    assert bool(pvalue < 0.05) is equivalent  # statsmodels' TOST decides the same on the same data
+
+
+def test_tost_ci_ends_are_where_statsmodels_one_sided_pvalues_hit_alpha():
+    """Independent of the t quantile: with the bounds set to our CI ends, each one-sided test has p = 0.05."""
+    rng = np.random.default_rng(5)
+    a = rng.normal(1.30, 0.004, size=6)
+    b = a + rng.normal(0.001, 0.002, size=6)
+    ours = equivalence_tost(a, b, bound=1.0)
+    _, (_, p_low, _), (_, p_high, _) = ttost_paired(a, b, ours["ci_low"], ours["ci_high"])
+    assert p_low == pytest.approx(0.05, rel=1e-8)
+    assert p_high == pytest.approx(0.05, rel=1e-8)
+
+
+def test_tost_max_abs_ci():
+    """max_abs_ci is the CI end farthest from 0, and the smallest bound at which the pair is equivalent."""
+    rng = np.random.default_rng(6)
+    b = rng.normal(1.30, 0.004, size=8)
+    straddles = b + rng.normal(0.0, 0.002, size=8)
+    below = b - 0.004 + rng.normal(0.0, 0.001, size=8)
+    res = equivalence_tost(straddles, b, bound=0.01)
+    assert res["ci_low"] < 0 < res["ci_high"]
+    assert res["max_abs_ci"] == max(-res["ci_low"], res["ci_high"])
+    res = equivalence_tost(below, b, bound=0.01)
+    assert res["ci_high"] < 0  # entirely negative: the far end is the low one
+    low, _, _ = _tost_reference(below, b, 0.01)
+    assert res["max_abs_ci"] == pytest.approx(-low, rel=1e-10)
+    for a in (straddles, below):
+        m = equivalence_tost(a, b, bound=1.0)["max_abs_ci"]
+        assert equivalence_tost(a, b, bound=1.001 * m)["equivalent"]
+        assert not equivalence_tost(a, b, bound=0.999 * m)["equivalent"]
 
 
 def test_exact_seeds_match_brute_force_noncentral_t():

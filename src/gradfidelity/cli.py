@@ -12,7 +12,7 @@ import sys
 
 from gradfidelity.errors import UserError
 
-STUDIES = ("ds_audit", "sft_rl", "async_pp", "local")
+from gradfidelity.studies import STUDIES
 
 
 def _stats_check(args) -> int:

@@ -5,7 +5,7 @@ subprocess per DeepSpeed version (0.18.9 through the overlay, as the Snakemake r
 is minus the applied gradient; the reference is plain torch on the micro-batches the Trainer recorded:
     fixed   = global token mean over all 8 micro-batches
     agg_bug = mean over micro-batches of each one's token mean
-    ds_bug  = the global-mean terms of micro-batches 0 and 7 only (facts.md A.1: g0 + g(N-1))
+    ds_bug  = the global-mean terms of micro-batches 0 and 7 only (the accumulation bug keeps g0 + g(N-1))
     both    = the per-micro-batch-mean terms of micro-batches 0 and 7 only
 """
 

@@ -1,28 +1,28 @@
 # Study B (async_pp, arXiv 2606.30634): one-step gradient delay across optimizers, mitigations, PipeDream depth,
 # training length; plus the real-pipeline benchmark. Cells and their grouping into jobs come from
 # gradfidelity.studies.async_pp.plan (torch-free): every cell has its own run directory
-#   results/async_pp/optimizer~<o>/schedule~<s>/mitigation~<m>/depth~<P>/momentum~<mu>/steps~<n>/seed<k>/
+#   results/<scale>/async_pp/optimizer~<o>/schedule~<s>/mitigation~<m>/depth~<P>/momentum~<mu>/steps~<n>/seed<k>/
 # and one job trains `cells_per_job` cells of one optimizer and seed (start-up cost), so the train rules are
 # generated per group below.
 from gradfidelity.studies.async_pp.plan import cells as _ap_cells
 from gradfidelity.studies.async_pp.plan import groups as _ap_groups
 
 ASYNC_PP_CFG = config["async_pp"]
-ASYNC_PP_ROOT = "results/async_pp"
+ASYNC_PP_ROOT = RESULTS + "/async_pp"
 ASYNC_PP_GROUPS = _ap_groups(ASYNC_PP_CFG)
 ASYNC_PP_METRICS = [c.metrics(ASYNC_PP_ROOT) for c in _ap_cells(ASYNC_PP_CFG)]
-ASYNC_PP_TABLES = ["paper_tables/async_pp_main.csv", "paper_tables/async_pp_main.md",
-                   "paper_tables/async_pp_mitigations.csv", "paper_tables/async_pp_mitigations.md"]
-ASYNC_PP_FIGURES = ["figures/async_pp_momentum.png", "figures/async_pp_depth.png",
-                    "figures/async_pp_gap_vs_tokens.png", "figures/async_pp_curves.png"]
+ASYNC_PP_TABLES = [TABLES + "/async_pp_main.csv", TABLES + "/async_pp_main.md",
+                   TABLES + "/async_pp_mitigations.csv", TABLES + "/async_pp_mitigations.md"]
+ASYNC_PP_FIGURES = [FIGURES + "/async_pp_momentum.png", FIGURES + "/async_pp_depth.png",
+                    FIGURES + "/async_pp_gap_vs_tokens.png", FIGURES + "/async_pp_curves.png"]
 # Paper scale trains for days per cell on accelerators; a job per cell there (cells_per_job: 1).
 ASYNC_PP_RUNTIME = {"smoke": 10, "cpu": 600, "paper": 10080}[SCALE]
 ASYNC_PP_MEM = {"smoke": 2000, "cpu": 6000, "paper": 64000}[SCALE]
 # GPUs per training job (read by the SLURM executor; ignored by local runs, which never request one).
 ASYNC_PP_GPU = {"smoke": 0, "cpu": 0, "paper": 1}[SCALE]
 
-CLAIM_EVIDENCE.append("results/claims/async_pp.json")
-REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + ["results/bench/async_pp.json"])
+CLAIM_EVIDENCE.append(RESULTS + "/claims/async_pp.json")
+REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + [RESULTS + "/bench/async_pp.json"])
 
 
 for _g in ASYNC_PP_GROUPS:
@@ -36,6 +36,7 @@ for _g in ASYNC_PP_GROUPS:
             cfg=study_cfg("async_pp"),
             cells=shlex.quote(_g.cells_json()),
             gf=GF,
+            root=ASYNC_PP_ROOT,
         log:
             f"{ASYNC_PP_ROOT}/logs/train_{_g.name}.log",
         benchmark:
@@ -48,20 +49,21 @@ for _g in ASYNC_PP_GROUPS:
             runtime=ASYNC_PP_RUNTIME * len(_g.cells),
             gpu=ASYNC_PP_GPU,
         shell:
-            "{params.gf} async-pp-train --cfg {params.cfg} --cells {params.cells} > {log} 2>&1"
+            "{params.gf} async-pp-train --cfg {params.cfg} --cells {params.cells} --root {params.root} > {log} 2>&1"
 
 
 rule async_pp_aggregate:
     input:
         ASYNC_PP_METRICS,
     output:
-        runs="results/async_pp/runs.csv",
-        curves="results/async_pp/curves.csv",
+        runs=RESULTS + "/async_pp/runs.csv",
+        curves=RESULTS + "/async_pp/curves.csv",
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
+        root=ASYNC_PP_ROOT,
     log:
-        "results/async_pp/logs/aggregate.log",
+        RESULTS + "/async_pp/logs/aggregate.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -69,24 +71,24 @@ rule async_pp_aggregate:
         mem_mb=1000,
         runtime=5,
     shell:
-        "{params.gf} async-pp-aggregate --cfg {params.cfg} --runs {output.runs} "
+        "{params.gf} async-pp-aggregate --cfg {params.cfg} --root {params.root} --runs {output.runs} "
         "--curves {output.curves} > {log} 2>&1"
 
 
 rule async_pp_tables:
     input:
-        runs="results/async_pp/runs.csv",
+        runs=RESULTS + "/async_pp/runs.csv",
     output:
-        main=report("paper_tables/async_pp_main.csv", category="async_pp"),
-        main_md=report("paper_tables/async_pp_main.md", category="async_pp"),
-        mitigations=report("paper_tables/async_pp_mitigations.csv", category="async_pp"),
-        mitigations_md=report("paper_tables/async_pp_mitigations.md", category="async_pp"),
+        main=report(TABLES + "/async_pp_main.csv", category="async_pp"),
+        main_md=report(TABLES + "/async_pp_main.md", category="async_pp"),
+        mitigations=report(TABLES + "/async_pp_mitigations.csv", category="async_pp"),
+        mitigations_md=report(TABLES + "/async_pp_mitigations.md", category="async_pp"),
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
         scale=SCALE,
     log:
-        "results/async_pp/logs/tables.log",
+        RESULTS + "/async_pp/logs/tables.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -100,19 +102,19 @@ rule async_pp_tables:
 
 rule async_pp_figures:
     input:
-        runs="results/async_pp/runs.csv",
-        curves="results/async_pp/curves.csv",
+        runs=RESULTS + "/async_pp/runs.csv",
+        curves=RESULTS + "/async_pp/curves.csv",
     output:
-        momentum=report("figures/async_pp_momentum.png", category="async_pp"),
-        depth=report("figures/async_pp_depth.png", category="async_pp"),
-        gap_vs_tokens=report("figures/async_pp_gap_vs_tokens.png", category="async_pp"),
-        curves=report("figures/async_pp_curves.png", category="async_pp"),
+        momentum=report(FIGURES + "/async_pp_momentum.png", category="async_pp"),
+        depth=report(FIGURES + "/async_pp_depth.png", category="async_pp"),
+        gap_vs_tokens=report(FIGURES + "/async_pp_gap_vs_tokens.png", category="async_pp"),
+        curves=report(FIGURES + "/async_pp_curves.png", category="async_pp"),
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
         scale=SCALE,
     log:
-        "results/async_pp/logs/figures.log",
+        RESULTS + "/async_pp/logs/figures.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -127,15 +129,15 @@ rule async_pp_figures:
 
 rule async_pp_claims:
     input:
-        runs="results/async_pp/runs.csv",
+        runs=RESULTS + "/async_pp/runs.csv",
     output:
-        "results/claims/async_pp.json",
+        RESULTS + "/claims/async_pp.json",
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
         scale=SCALE,
     log:
-        "results/async_pp/logs/claims.log",
+        RESULTS + "/async_pp/logs/claims.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -148,15 +150,15 @@ rule async_pp_claims:
 
 rule async_pp_bench:
     output:
-        report("results/bench/async_pp.json", category="async_pp"),
+        report(RESULTS + "/bench/async_pp.json", category="async_pp"),
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
         scale=SCALE,
     log:
-        "results/async_pp/logs/bench.log",
+        RESULTS + "/async_pp/logs/bench.log",
     benchmark:
-        "results/async_pp/benchmarks/bench.tsv"
+        RESULTS + "/async_pp/benchmarks/bench.tsv"
     conda:
         CONDA_ENV
     threads: 2
@@ -171,5 +173,5 @@ rule async_pp:
     input:
         ASYNC_PP_TABLES,
         ASYNC_PP_FIGURES,
-        "results/claims/async_pp.json",
-        "results/bench/async_pp.json",
+        RESULTS + "/claims/async_pp.json",
+        RESULTS + "/bench/async_pp.json",

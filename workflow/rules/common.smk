@@ -1,4 +1,4 @@
-# Helpers shared by every rules module: config loading per scale, paths, the command prefix. No rules here.
+# Helpers shared by every rules module: config loading per scale, output roots, the command prefix. No rules here.
 import json
 import os
 import shlex
@@ -6,11 +6,17 @@ import sys
 from pathlib import Path
 
 import yaml
-from gradfidelity.config import validate_section
+from gradfidelity.config import coerce_cli_strings, deep_merge, validate_section
+from gradfidelity.errors import UserError
+from gradfidelity.studies import STUDIES
 
-STUDIES = ["ds_audit", "sft_rl", "async_pp", "local"]
 REPO = Path(workflow.basedir)
 SCALE = config["scale"]
+# Every scale writes under its own roots, so switching scale never overwrites another scale's outputs
+# (the cpu scale's tables, figures and evidence are the artifact's committed reference results).
+RESULTS = f"results/{SCALE}"
+TABLES = f"paper_tables/{SCALE}"
+FIGURES = f"figures/{SCALE}"
 
 # Caches live inside the checkout (ignored by git), never in the user's home.
 for _key, _sub in {"TORCH_EXTENSIONS_DIR": "torch_extensions", "MPLCONFIGDIR": "matplotlib",
@@ -25,32 +31,39 @@ for _key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "
 
 
 def _load_study_config(study):
-    """config/<scale>/<study>.yaml -> config[study], validated by workflow/schemas/<study>.schema.yaml.
-
-    A key given on the command line (--config <study>='{...}') wins over the file, key by key.
-    """
+    """config/<scale>/<study>.yaml, then --configfile / --config overrides merged key by key at every depth,
+    validated by workflow/schemas/<study>.schema.yaml (a wrong key at any depth fails before any job)."""
     path = REPO / "config" / SCALE / f"{study}.yaml"
     if not path.exists():
-        return
-    section = yaml.safe_load(path.read_text()) or {}
-    section.update(config.get(study) or {})
-    config[study] = section
-    schema = f"workflow/schemas/{study}.schema.yaml"
-    if (REPO / schema).exists():
-        validate_section(config[study], REPO / schema, study)
+        raise UserError(f"missing study config {path.relative_to(REPO)} for scale '{SCALE}'")
+    schema_path = REPO / "workflow" / "schemas" / f"{study}.schema.yaml"
+    override = config.get(study) or {}
+    if not isinstance(override, dict):
+        raise UserError(f"bad config key '{study}': an override must be a mapping, got {override!r}")
+    schema = yaml.safe_load(schema_path.read_text())
+    override = coerce_cli_strings(override, schema, study)
+    config[study] = deep_merge(yaml.safe_load(path.read_text()) or {}, override)
+    validate_section(config[study], schema_path, study)
 
 
 for _study in STUDIES:
     _load_study_config(_study)
 
+# The Makefile's .venv is the supported environment (README, CONTRIBUTING): --use-conda would run the same
+# commands with another interpreter that has no gradfidelity installed, so it is refused instead of half-working.
+if "conda" in {str(m).lower().split(".")[-1] for m in workflow.deployment_settings.deployment_method}:
+    raise UserError("--use-conda / --sdm conda is not supported: run `make setup` and use the .venv's snakemake")
+
 THREADS = config["threads"]
-# The package, run by the interpreter that runs Snakemake (the project's .venv), whatever PATH says.
-GF = f"{shlex.quote(sys.executable)} -m gradfidelity"
+# The package, run by the interpreter that runs Snakemake. Inside the checkout it is named relative to it, so a
+# moved or fresh clone sees unchanged shell commands and does not rerun finished jobs.
+_PY = Path(sys.executable)
+_PY = _PY.relative_to(REPO) if _PY.is_relative_to(REPO) else _PY
+# GRADFIDELITY_SCALE: the harness records it in every metrics.json and provenance.json.
+GF = f"GRADFIDELITY_SCALE={SCALE} {shlex.quote(str(_PY))} -m gradfidelity"
 # Prefix for runs that need deepspeed 0.18.9: the overlay first on PYTHONPATH, the rest of the stack unchanged.
-DS0189_ENV = "PYTHONPATH={}${{PYTHONPATH:+:$PYTHONPATH}}".format(
-    shlex.quote(str(REPO / config.get("deepspeed_buggy_overlay", ".venv-ds0189")))
-)
-# For conda users; the Makefile's .venv is the tested path (see envs/README.md).
+DS0189_ENV = "PYTHONPATH={}${{PYTHONPATH:+:$PYTHONPATH}}".format(shlex.quote(config["deepspeed_buggy_overlay"]))
+# Every rule declares it for `snakemake --lint`; it is refused above at run time (see envs/README.md).
 CONDA_ENV = "../../envs/gradfidelity.yaml"
 
 # Filled by the study modules: their claim-evidence files and the tables/figures shown in the report.

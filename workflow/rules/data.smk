@@ -1,4 +1,4 @@
-# Data preparation: corpora written once to results/<study>/data/ and read by the training rules.
+# Data preparation: corpora written once to results/<scale>/<study>/data/ and read by the training rules.
 # Study C's byte corpora (enwik8, TinyStories, or their embedded stand-ins) are prepared here. Study A's arithmetic
 # task and study B's character corpus are generated in-process from a fixed seed by their packages (a few KB, no
 # file to cache), so they have no rule of their own; the real FineWeb-Edu / LUFFY loaders run only at paper scale.
@@ -6,14 +6,14 @@
 
 rule local_data:
     output:
-        train="results/local/data/{corpus}/train.bin",
-        val="results/local/data/{corpus}/val.bin",
-        meta="results/local/data/{corpus}/meta.json",
+        train=RESULTS + "/local/data/{corpus}/train.bin",
+        val=RESULTS + "/local/data/{corpus}/val.bin",
+        meta=RESULTS + "/local/data/{corpus}/meta.json",
     params:
         gf=GF,
         cfg=study_cfg("local", "corpora"),  # only the corpora: a training change must not redo the data
     log:
-        "results/logs/local/data_{corpus}.log",
+        RESULTS + "/logs/local/data_{corpus}.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -22,4 +22,4 @@ rule local_data:
         runtime=30,
     shell:
         "{params.gf} local-data --cfg {params.cfg} --corpus {wildcards.corpus}"
-        " --out results/local/data/{wildcards.corpus} > {log} 2>&1"
+        " --out $(dirname {output.meta}) > {log} 2>&1"

@@ -1,21 +1,21 @@
 # Study A part 1 (ds_audit, arXiv 2604.23747): which DeepSpeed configurations drop micro-batches (real DeepSpeed,
 # CPU accelerator, gloo) and how a per-micro-batch loss mean mis-weights tokens. One job per (version, ranks)
 # group runs every matrix case in the same rank processes (DeepSpeed start-up costs seconds, a case ~0.3 s):
-#   results/ds_audit/matrix/deepspeed~<v>/ranks~<r>/seed0/metrics.json
+#   results/<scale>/ds_audit/matrix/deepspeed~<v>/ranks~<r>/seed0/metrics.json
 # The 0.18.9 groups run under {DS0189_ENV} (the overlay first on PYTHONPATH); the job checks the version it got.
 from gradfidelity.studies.ds_audit.workflow import deepspeed_env, group_threads
 
 DS_AUDIT_CFG = config["ds_audit"]
 DS_AUDIT_GROUPS = expand(
-    "results/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/metrics.json",
+    RESULTS + "/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/metrics.json",
     version=DS_AUDIT_CFG["matrix"]["versions"],
     ranks=DS_AUDIT_CFG["matrix"]["ranks"],
 )
-DS_AUDIT_TABLES = ["paper_tables/ds_fault_matrix.csv", "paper_tables/ds_fault_matrix.md",
-                   "paper_tables/loss_aggregation.csv", "paper_tables/loss_aggregation.md"]
-DS_AUDIT_FIGURES = ["figures/ds_fault_matrix.png", "figures/loss_aggregation.png"]
+DS_AUDIT_TABLES = [TABLES + "/ds_fault_matrix.csv", TABLES + "/ds_fault_matrix.md",
+                   TABLES + "/loss_aggregation.csv", TABLES + "/loss_aggregation.md"]
+DS_AUDIT_FIGURES = [FIGURES + "/ds_fault_matrix.png", FIGURES + "/loss_aggregation.png"]
 
-CLAIM_EVIDENCE.append("results/claims/ds_audit.json")
+CLAIM_EVIDENCE.append(RESULTS + "/claims/ds_audit.json")
 REPORT_TARGETS.extend(DS_AUDIT_TABLES + DS_AUDIT_FIGURES)
 
 
@@ -24,15 +24,15 @@ rule ds_audit_matrix_group:
         version=r"\d+\.\d+\.\d+",
         ranks=r"\d+",
     output:
-        "results/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/metrics.json",
+        RESULTS + "/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("ds_audit"),
         env=deepspeed_env(DS0189_ENV),
     log:
-        "results/ds_audit/logs/matrix_deepspeed~{version}_ranks~{ranks}.log",
+        RESULTS + "/ds_audit/logs/matrix_deepspeed~{version}_ranks~{ranks}.log",
     benchmark:
-        "results/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/benchmark.tsv"
+        RESULTS + "/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: group_threads
@@ -46,14 +46,14 @@ rule ds_audit_matrix_group:
 
 rule ds_audit_loss_agg:
     output:
-        "results/ds_audit/loss_agg/seed0/metrics.json",
+        RESULTS + "/ds_audit/loss_agg/seed0/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("ds_audit"),
     log:
-        "results/ds_audit/logs/loss_agg.log",
+        RESULTS + "/ds_audit/logs/loss_agg.log",
     benchmark:
-        "results/ds_audit/loss_agg/seed0/benchmark.tsv"
+        RESULTS + "/ds_audit/loss_agg/seed0/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: 1
@@ -67,20 +67,20 @@ rule ds_audit_loss_agg:
 rule ds_audit_tables:
     input:
         groups=DS_AUDIT_GROUPS,
-        loss="results/ds_audit/loss_agg/seed0/metrics.json",
+        loss=RESULTS + "/ds_audit/loss_agg/seed0/metrics.json",
     output:
-        matrix_csv=report("paper_tables/ds_fault_matrix.csv", category="ds_audit"),
-        matrix_md=report("paper_tables/ds_fault_matrix.md", category="ds_audit"),
-        matrix_png=report("figures/ds_fault_matrix.png", category="ds_audit"),
-        loss_csv=report("paper_tables/loss_aggregation.csv", category="ds_audit"),
-        loss_md=report("paper_tables/loss_aggregation.md", category="ds_audit"),
-        loss_png=report("figures/loss_aggregation.png", category="ds_audit"),
-        evidence="results/claims/ds_audit.json",
+        matrix_csv=report(TABLES + "/ds_fault_matrix.csv", category="ds_audit"),
+        matrix_md=report(TABLES + "/ds_fault_matrix.md", category="ds_audit"),
+        matrix_png=report(FIGURES + "/ds_fault_matrix.png", category="ds_audit"),
+        loss_csv=report(TABLES + "/loss_aggregation.csv", category="ds_audit"),
+        loss_md=report(TABLES + "/loss_aggregation.md", category="ds_audit"),
+        loss_png=report(FIGURES + "/loss_aggregation.png", category="ds_audit"),
+        evidence=RESULTS + "/claims/ds_audit.json",
     params:
         gf=GF,
         scale=SCALE,
     log:
-        "results/ds_audit/logs/tables.log",
+        RESULTS + "/ds_audit/logs/tables.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -98,4 +98,4 @@ rule ds_audit:
     input:
         DS_AUDIT_TABLES,
         DS_AUDIT_FIGURES,
-        "results/claims/ds_audit.json",
+        RESULTS + "/claims/ds_audit.json",

@@ -11,7 +11,7 @@ LOCAL_OMP = LOCAL["train"].get("omp_wait_policy", "")
 LOCAL_ENV = f"OMP_WAIT_POLICY={LOCAL_OMP} " if LOCAL_OMP else ""
 # Training and report jobs see everything but the bench section (a bench change must not retrain).
 LOCAL_CFG = shlex.quote(json.dumps({k: v for k, v in LOCAL.items() if k != "bench"}, sort_keys=True))
-LOCAL_RUN = "results/local/{corpus}/w{width}/{method}/seed{seed}/metrics.json"
+LOCAL_RUN = RESULTS + "/local/{corpus}/w{width}/{method}/seed{seed}/metrics.json"
 LOCAL_WIDTHS = {c: (LOCAL["corpora"][c].get("widths") or LOCAL["widths"]) for c in LOCAL["corpora"]}
 
 LOCAL_RUNS = [
@@ -37,7 +37,7 @@ wildcard_constraints:
 
 rule local_main:
     input:
-        train="results/local/data/{corpus}/train.bin",
+        train=RESULTS + "/local/data/{corpus}/train.bin",
     output:
         expand(LOCAL_RUN, method=LOCAL_MAIN, allow_missing=True),
     params:
@@ -45,10 +45,11 @@ rule local_main:
         cfg=LOCAL_CFG,
         methods=",".join(LOCAL_MAIN),
         env=LOCAL_ENV,
+        root=RESULTS + "/local",
     log:
-        "results/logs/local/main_{corpus}_w{width}_seed{seed}.log",
+        RESULTS + "/logs/local/main_{corpus}_w{width}_seed{seed}.log",
     benchmark:
-        "results/local/{corpus}/w{width}/benchmark_main_seed{seed}.tsv"
+        RESULTS + "/local/{corpus}/w{width}/benchmark_main_seed{seed}.tsv"
     conda:
         CONDA_ENV
     threads: LOCAL_THREADS
@@ -57,13 +58,13 @@ rule local_main:
         runtime=600,
     shell:
         "{params.env}{params.gf} local-cell --cfg {params.cfg} --corpus {wildcards.corpus} --width {wildcards.width}"
-        " --seed {wildcards.seed} --methods {params.methods} --data results/local/data/{wildcards.corpus}"
-        " --root results/local > {log} 2>&1"
+        " --seed {wildcards.seed} --methods {params.methods} --data $(dirname {input.train})"
+        " --root {params.root} > {log} 2>&1"
 
 
 rule local_mechanism:
     input:
-        train="results/local/data/{corpus}/train.bin",
+        train=RESULTS + "/local/data/{corpus}/train.bin",
     output:
         expand(LOCAL_RUN, method=LOCAL_SERIAL, allow_missing=True),
     params:
@@ -71,10 +72,11 @@ rule local_mechanism:
         cfg=LOCAL_CFG,
         methods=",".join(LOCAL_SERIAL),
         env=LOCAL_ENV,
+        root=RESULTS + "/local",
     log:
-        "results/logs/local/mechanism_{corpus}_w{width}_seed{seed}.log",
+        RESULTS + "/logs/local/mechanism_{corpus}_w{width}_seed{seed}.log",
     benchmark:
-        "results/local/{corpus}/w{width}/benchmark_mechanism_seed{seed}.tsv"
+        RESULTS + "/local/{corpus}/w{width}/benchmark_mechanism_seed{seed}.tsv"
     conda:
         CONDA_ENV
     threads: LOCAL_THREADS
@@ -83,28 +85,28 @@ rule local_mechanism:
         runtime=600,
     shell:
         "{params.env}{params.gf} local-cell --cfg {params.cfg} --corpus {wildcards.corpus} --width {wildcards.width}"
-        " --seed {wildcards.seed} --methods {params.methods} --data results/local/data/{wildcards.corpus}"
-        " --root results/local > {log} 2>&1"
+        " --seed {wildcards.seed} --methods {params.methods} --data $(dirname {input.train})"
+        " --root {params.root} > {log} 2>&1"
 
 
 rule local_report:
     input:
         LOCAL_RUNS,
     output:
-        aggregate="results/local/aggregate.csv",
-        main_csv="paper_tables/local_main.csv",
-        main_md=report("paper_tables/local_main.md", category="local"),
-        mech_csv="paper_tables/local_mechanism.csv",
-        mech_md=report("paper_tables/local_mechanism.md", category="local"),
-        frontier=report("figures/local_frontier.png", category="local"),
-        scaling=report("figures/local_width_scaling.png", category="local"),
-        evidence="results/claims/local.json",
+        aggregate=RESULTS + "/local/aggregate.csv",
+        main_csv=TABLES + "/local_main.csv",
+        main_md=report(TABLES + "/local_main.md", category="local"),
+        mech_csv=TABLES + "/local_mechanism.csv",
+        mech_md=report(TABLES + "/local_mechanism.md", category="local"),
+        frontier=report(FIGURES + "/local_frontier.png", category="local"),
+        scaling=report(FIGURES + "/local_width_scaling.png", category="local"),
+        evidence=RESULTS + "/claims/local.json",
     params:
         gf=GF,
         cfg=LOCAL_CFG,
         scale=SCALE,
     log:
-        "results/logs/local/report.log",
+        RESULTS + "/logs/local/report.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -120,15 +122,15 @@ rule local_report:
 
 rule local_bench:
     output:
-        "results/bench/local.json",
+        RESULTS + "/bench/local.json",
     params:
         gf=GF,
         env=LOCAL_ENV,
         cfg=study_cfg("local"),
     log:
-        "results/logs/local/bench.log",
+        RESULTS + "/logs/local/bench.log",
     benchmark:
-        "results/bench/local_benchmark.tsv"
+        RESULTS + "/bench/local_benchmark.tsv"
     conda:
         CONDA_ENV
     threads: LOCAL_THREADS
@@ -142,16 +144,16 @@ rule local_bench:
 rule local:
     input:
         rules.local_report.output,
-        "results/bench/local.json",
+        RESULTS + "/bench/local.json",
 
 
-CLAIM_EVIDENCE.append("results/claims/local.json")
+CLAIM_EVIDENCE.append(RESULTS + "/claims/local.json")
 REPORT_TARGETS.extend(
     [
-        "paper_tables/local_main.md",
-        "paper_tables/local_mechanism.md",
-        "figures/local_frontier.png",
-        "figures/local_width_scaling.png",
-        "results/bench/local.json",
+        TABLES + "/local_main.md",
+        TABLES + "/local_mechanism.md",
+        FIGURES + "/local_frontier.png",
+        FIGURES + "/local_width_scaling.png",
+        RESULTS + "/bench/local.json",
     ]
 )

@@ -5,13 +5,13 @@ rule verify:
     input:
         evidence=CLAIM_EVIDENCE,
     output:
-        csv="paper_tables/claims.csv",
-        md=report("paper_tables/claims.md", category="Claims"),
+        csv=TABLES + "/claims.csv",
+        md=report(TABLES + "/claims.md", category="Claims"),
     params:
         gf=GF,
         scale=SCALE,
     log:
-        "results/logs/verify.log",
+        RESULTS + "/logs/verify.log",
     conda:
         CONDA_ENV
     threads: 1

@@ -1,33 +1,33 @@
 # Study A part 2 (sft_rl, arXiv 2604.23747): SFT-then-RL vs mixed-policy methods on fixed and buggy infrastructure,
 # TRL SFTTrainer / GRPOTrainer on DeepSpeed ZeRO-2 + CPU optimizer offload.
-#   results/sft_rl/<model>/base/seed0/                  base model (pretrained on unlabeled task text), shared
-#   results/sft_rl/<model>/<variant>/sft/seed<k>/       SFT; ds_bug/both run under {DS0189_ENV}
-#   results/sft_rl/<model>/<variant>/<method>/seed<k>/  rl, sft_then_rl, luffy, srft, relift, hpt (GRPO-based)
+#   results/<scale>/sft_rl/<model>/base/seed0/                  base model (pretrained on unlabeled task text), shared
+#   results/<scale>/sft_rl/<model>/<variant>/sft/seed<k>/       SFT; ds_bug/both run under {DS0189_ENV}
+#   results/<scale>/sft_rl/<model>/<variant>/<method>/seed<k>/  rl, sft_then_rl, luffy, srft, relift, hpt (GRPO-based)
 # Checkpoints are shared through rule outputs: every SFT-then-RL reads its SFT run, every method the base model.
 from gradfidelity.studies.sft_rl import plan as sft_rl_plan
 from gradfidelity.studies.sft_rl.workflow import deepspeed_env as sft_rl_ds_env, rl_init as sft_rl_rl_init
 
 SFT_RL = config["sft_rl"]
-SFT_RL_ROOT = "results/sft_rl"
+SFT_RL_ROOT = RESULTS + "/sft_rl"
 SFT_RL_RUNS = sft_rl_plan.planned_runs(SFT_RL, SFT_RL_ROOT)
-SFT_RL_TABLES = ["paper_tables/sft_rl_main.csv", "paper_tables/sft_rl_main.md",
-                 "paper_tables/sft_rl_bug_ablation.csv", "paper_tables/sft_rl_bug_ablation.md"]
-SFT_RL_FIGURES = ["figures/sft_rl_score_vs_flops.png", "figures/sft_rl_reward_curves.png"]
+SFT_RL_TABLES = [TABLES + "/sft_rl_main.csv", TABLES + "/sft_rl_main.md",
+                 TABLES + "/sft_rl_bug_ablation.csv", TABLES + "/sft_rl_bug_ablation.md"]
+SFT_RL_FIGURES = [FIGURES + "/sft_rl_score_vs_flops.png", FIGURES + "/sft_rl_reward_curves.png"]
 
-CLAIM_EVIDENCE.append("results/claims/sft_rl.json")
+CLAIM_EVIDENCE.append(RESULTS + "/claims/sft_rl.json")
 REPORT_TARGETS.extend(SFT_RL_TABLES + SFT_RL_FIGURES)
 
 
 rule sft_rl_base:
     output:
-        "results/sft_rl/{model}/base/seed0/metrics.json",
+        RESULTS + "/sft_rl/{model}/base/seed0/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("sft_rl"),
     log:
-        "results/sft_rl/logs/{model}_base.log",
+        RESULTS + "/sft_rl/logs/{model}_base.log",
     benchmark:
-        "results/sft_rl/{model}/base/seed0/benchmark.tsv"
+        RESULTS + "/sft_rl/{model}/base/seed0/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: SFT_RL["threads"]
@@ -43,17 +43,17 @@ rule sft_rl_sft:
         variant="fixed|ds_bug|agg_bug|both",
         seed=r"\d+",
     input:
-        base="results/sft_rl/{model}/base/seed0/metrics.json",
+        base=RESULTS + "/sft_rl/{model}/base/seed0/metrics.json",
     output:
-        "results/sft_rl/{model}/{variant}/sft/seed{seed}/metrics.json",
+        RESULTS + "/sft_rl/{model}/{variant}/sft/seed{seed}/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("sft_rl"),
         env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "sft"),
     log:
-        "results/sft_rl/logs/{model}_{variant}_sft_seed{seed}.log",
+        RESULTS + "/sft_rl/logs/{model}_{variant}_sft_seed{seed}.log",
     benchmark:
-        "results/sft_rl/{model}/{variant}/sft/seed{seed}/benchmark.tsv"
+        RESULTS + "/sft_rl/{model}/{variant}/sft/seed{seed}/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: SFT_RL["threads"]
@@ -73,15 +73,15 @@ rule sft_rl_rl:
     input:
         init=sft_rl_rl_init(SFT_RL, SFT_RL_ROOT),
     output:
-        "results/sft_rl/{model}/{variant}/{method}/seed{seed}/metrics.json",
+        RESULTS + "/sft_rl/{model}/{variant}/{method}/seed{seed}/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("sft_rl"),
         env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "rl"),
     log:
-        "results/sft_rl/logs/{model}_{variant}_{method}_seed{seed}.log",
+        RESULTS + "/sft_rl/logs/{model}_{variant}_{method}_seed{seed}.log",
     benchmark:
-        "results/sft_rl/{model}/{variant}/{method}/seed{seed}/benchmark.tsv"
+        RESULTS + "/sft_rl/{model}/{variant}/{method}/seed{seed}/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: SFT_RL["threads"]
@@ -98,19 +98,21 @@ rule sft_rl_aggregate:
     input:
         SFT_RL_RUNS,
     output:
-        main_csv="paper_tables/sft_rl_main.csv",
-        main_md=report("paper_tables/sft_rl_main.md", category="sft_rl"),
-        abl_csv="paper_tables/sft_rl_bug_ablation.csv",
-        abl_md=report("paper_tables/sft_rl_bug_ablation.md", category="sft_rl"),
-        flops_fig=report("figures/sft_rl_score_vs_flops.png", category="sft_rl"),
-        reward_fig=report("figures/sft_rl_reward_curves.png", category="sft_rl"),
-        evidence="results/claims/sft_rl.json",
+        main_csv=TABLES + "/sft_rl_main.csv",
+        main_md=report(TABLES + "/sft_rl_main.md", category="sft_rl"),
+        abl_csv=TABLES + "/sft_rl_bug_ablation.csv",
+        abl_md=report(TABLES + "/sft_rl_bug_ablation.md", category="sft_rl"),
+        flops_fig=report(FIGURES + "/sft_rl_score_vs_flops.png", category="sft_rl"),
+        reward_fig=report(FIGURES + "/sft_rl_reward_curves.png", category="sft_rl"),
+        evidence=RESULTS + "/claims/sft_rl.json",
     params:
         gf=GF,
         cfg=study_cfg("sft_rl"),
         scale=SCALE,
+        tables=TABLES,
+        figures=FIGURES,
     log:
-        "results/sft_rl/logs/aggregate.log",
+        RESULTS + "/sft_rl/logs/aggregate.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -118,12 +120,12 @@ rule sft_rl_aggregate:
         mem_mb=2000,
         runtime=10,
     shell:
-        "{params.gf} sft-rl-aggregate --cfg {params.cfg} --runs {input} --scale {params.scale} --tables paper_tables "
-        "--figures figures --evidence {output.evidence} > {log} 2>&1"
+        "{params.gf} sft-rl-aggregate --cfg {params.cfg} --runs {input} --scale {params.scale} --tables {params.tables} "
+        "--figures {params.figures} --evidence {output.evidence} > {log} 2>&1"
 
 
 rule sft_rl:
     input:
         SFT_RL_TABLES,
         SFT_RL_FIGURES,
-        "results/claims/sft_rl.json",
+        RESULTS + "/claims/sft_rl.json",

@@ -3,14 +3,14 @@
 
 rule stats_check:
     output:
-        csv="paper_tables/stats_check.csv",
-        md=report("paper_tables/stats_check.md", category="Statistics"),
-        evidence="results/claims/stats.json",
+        csv=TABLES + "/stats_check.csv",
+        md=report(TABLES + "/stats_check.md", category="Statistics"),
+        evidence=RESULTS + "/claims/stats.json",
     params:
         gf=GF,
         scale=SCALE,
     log:
-        "results/logs/stats_check.log",
+        RESULTS + "/logs/stats_check.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -22,5 +22,5 @@ rule stats_check:
         " --scale {params.scale} 2>&1 | tee {log}"
 
 
-CLAIM_EVIDENCE.append("results/claims/stats.json")
-REPORT_TARGETS.append("paper_tables/stats_check.md")
+CLAIM_EVIDENCE.append(RESULTS + "/claims/stats.json")
+REPORT_TARGETS.append(TABLES + "/stats_check.md")

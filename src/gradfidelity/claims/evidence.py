@@ -164,15 +164,15 @@ def weakest(records: dict[str, dict], threshold: float = 0.0) -> dict:
     missing = {k: r for k, r in records.items() if r["estimate"] is None}
     if missing:
         name, rec = next(iter(missing.items()))
-        return dict(rec, detail=f"{name}: {rec['detail']}")
+        return dict(rec, detail=f"{name}: {rec.get('detail', '')}")
     no_interval = {k: r for k, r in records.items() if r["low"] is None}
     if no_interval:
         name, rec = next(iter(no_interval.items()))
     else:
         name, rec = min(records.items(), key=lambda kv: (kv[1]["high"], kv[1]["low"]))
-        if not rec["high"] <= threshold:  # no comparison contradicts on its whole interval: the smallest lower bound decides
+        if not rec["high"] <= threshold:  # nothing contradicts on its whole interval: the lowest bound decides
             name, rec = min(records.items(), key=lambda kv: kv[1]["low"])
     others = ", ".join(f"{k} {r['estimate']:.4g} [{r['low']:.4g}, {r['high']:.4g}]" if r["low"] is not None
                        else f"{k} {r['estimate']:.4g}" for k, r in records.items())
-    return dict(rec, detail=f"deciding comparison: {name}; all: {others}" + (f"; {rec['detail']}" if rec["detail"]
-                                                                              else ""))
+    own = f"; {rec['detail']}" if rec.get("detail") else ""
+    return dict(rec, detail=f"deciding comparison: {name}; all: {others}{own}")

@@ -1,36 +1,81 @@
-"""The claims report: paper value, measured value and computed verdict for every registry row."""
+"""The claims report: for every registry row, the estimate, its interval, n against min_n, the gates and the verdict
+computed from them (claims/verify.py)."""
 
 from __future__ import annotations
 
-from gradfidelity.claims.verify import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, load_evidence, load_registry, verify
+import math
+
+import pandas as pd
+
+from gradfidelity.claims.verify import (
+    ARITHMETIC_BAD,
+    ARITHMETIC_OK,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    load_evidence,
+    load_registry,
+    verify,
+)
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
 from gradfidelity.tables import markdown
 
+MEASURED_VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURED)
 
-def _fmt(value) -> str:
-    if value is None or (isinstance(value, float) and value != value):  # None, or NaN from pandas' float column
+
+def _num(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def write_claims_report(evidence_paths, csv_path, md_path, scale: str) -> None:
-    registry = load_registry()
-    df = verify(registry, load_evidence(evidence_paths, scale), scale)
+def interval_text(row) -> str:
+    """'[low, high] 95%', 'exact', or '' when there is no interval."""
+    if row["exact"]:
+        return "exact"
+    if row["low"] is None or pd.isna(row["low"]):
+        return ""
+    return f"[{_num(row['low'])}, {_num(row['high'])}] {round(100 * row['level']):d}%"
+
+
+def counts_line(df: pd.DataFrame) -> str:
     counts = df["verdict"].value_counts()
-    shown = df.assign(measured=df["measured"].map(_fmt))[
-        ["id", "statement", "paper_value", "check", "measured", "n", "verdict", "detail", "scale"]]
+    measured = df[df["evidence"] == "measured"]
+    parts = [f"{counts.get(v, 0)} {v}" for v in MEASURED_VERDICTS]
+    arith = [f"{counts.get(v, 0)} {v}" for v in (ARITHMETIC_OK, ARITHMETIC_BAD) if counts.get(v, 0)]
+    return (f"{', '.join(parts)} (of {len(measured)} measured claims)"
+            + (f"; {', '.join(arith)} (recomputations of the papers' own numbers, not reproductions)" if arith else ""))
+
+
+def write_claims_report(evidence_paths, csv_path, md_path, scale: str) -> pd.DataFrame:
+    df = verify(load_registry(), load_evidence(evidence_paths, scale), scale)
+    shown = pd.DataFrame({
+        "id": df["id"], "claim": df["statement"], "paper": df["paper_value"], "check": df["check"],
+        "estimate": df["estimate"].map(_num), "interval": df.apply(interval_text, axis=1),
+        "n / min_n": [f"{'' if pd.isna(n) else int(n)} / {m}" for n, m in zip(df["n"], df["min_n"], strict=True)],
+        "gates": df["gates"], "verdict": df["verdict"], "why this verdict": df["reason"], "detail": df["detail"],
+    })
+    diverged = df[df["diverged"] > 0]
     notes = [
-        f"Scale: {scale}. {counts.get(REPRODUCED, 0)} reproduced, {counts.get(NOT_REPRODUCED, 0)} not reproduced, "
-        f"{counts.get(NOT_MEASURED, 0)} not measured at this scale (of {len(df)}).",
-        "Verdicts are computed by `gradfidelity verify` from results/claims/<study>.json and the thresholds in "
-        "src/gradfidelity/claims/registry.yaml (fixed before any result was seen); none is written by hand.",
-        "A claim that does not reproduce at a small scale is a result, not a failure of the artifact.",
-        "n = the seeds (or paired seeds) behind the measured value; at the smoke scale most values rest on one or "
-        "two seeds and test the pipeline, not the paper.",
+        f"Scale: {scale}. {counts_line(df)}.",
+        "Verdicts are computed by `gradfidelity verify` from the studies' evidence files (estimate, interval, n, "
+        "gates) and the checks in src/gradfidelity/claims/registry.yaml, fixed before any result was seen; none is "
+        "written by hand. `gradfidelity claim ID` shows one claim with everything behind it.",
+        "reproduced: the whole interval satisfies the check; not reproduced: the whole interval contradicts it; "
+        "inconclusive: the interval spans the threshold; not measured: outside the claim's scales, n < min_n, a "
+        "failed gate or no value (the reason is shown). A claim that does not reproduce is a result.",
+        "n = the independent units behind the estimate (paired seeds; rows of a deterministic probe for exact "
+        "values). Intervals are two-sided t intervals over paired seeds at the registry's level.",
     ]
-    atomic_write_csv(df, csv_path)  # every column; the Markdown view leaves out the long metric text
-    body = ["# Claims: paper value, measured value, verdict", "", *[f"- {n}" for n in notes], "",
-            markdown(shown)]
+    if len(diverged):
+        notes.append("Diverged runs left out of a pairing: " + ", ".join(
+            f"{r.id} ({int(r.diverged)})" for r in diverged.itertuples()) + ".")
+    else:
+        notes.append("No claim lost a seed to a diverged run.")
+    atomic_write_csv(df, csv_path)  # every column, the long metric text and sources included
+    body = ["# Claims: estimate, interval, n and verdict", "", *[f"- {n}" for n in notes], "", markdown(shown)]
     atomic_write_text(md_path, "\n".join(body) + "\n")
+    return df

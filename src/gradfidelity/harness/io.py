@@ -2,6 +2,8 @@
 
 Every file is written to a temporary sibling in the same directory, flushed, fsynced and renamed over the target:
 rename is atomic on POSIX within one file system, so a SIGKILL at any moment leaves no truncated output behind.
+mkstemp creates the temporary file with mode 0600; before the rename it gets the mode a plain `open()` would have
+given a new file (0o666 & ~umask), so outputs stay readable by the group and others as the umask allows.
 """
 
 from __future__ import annotations
@@ -17,12 +19,32 @@ from typing import Any
 from gradfidelity.errors import UserError
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it.
+
+    os.umask can only be read by setting it, and the umask is process-wide: another thread creating a file between
+    the set and the restore would get the wrong mode. Linux (>= 4.7) shows it in /proc/self/status, so read that;
+    only where that line is missing fall back to set-and-restore.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def _atomic(path: str | os.PathLike, write: Callable[[Any], None], mode: str = "w") -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode) as fh:
+            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())

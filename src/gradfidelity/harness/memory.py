@@ -10,30 +10,27 @@ from __future__ import annotations
 import os
 import resource
 import threading
-from pathlib import Path
 
 import psutil
 
 
-def _pss_bytes(pid: int) -> int:
-    """Pss of one process from /proc/PID/smaps_rollup (kB -> bytes); 0 if it has exited meanwhile."""
+def _pss_bytes(proc: psutil.Process) -> int:
+    """Pss of one process in bytes (psutil reads /proc/PID/smaps_rollup); 0 once it has exited (a zombie maps
+    nothing) or where its memory maps may not be read."""
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return int(proc.memory_full_info().pss)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
         return 0
-    return 0
 
 
 def tree_pss_bytes(pid: int | None = None) -> int:
-    """Sum of Pss over a process and all of its live descendants."""
-    root = psutil.Process(pid or os.getpid())
+    """Sum of Pss over a process and all of its live descendants; 0 for a process that has exited."""
     try:
-        pids = [root.pid] + [child.pid for child in root.children(recursive=True)]
-    except psutil.NoSuchProcess:
+        root = psutil.Process(os.getpid() if pid is None else pid)
+        procs = [root, *root.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return 0
-    return sum(_pss_bytes(p) for p in pids)
+    return sum(_pss_bytes(p) for p in procs)
 
 
 class PeakPSS:

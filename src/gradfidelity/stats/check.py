@@ -3,7 +3,7 @@
 The summary reports the selected method's mean gap (0.841%), its one-sided 95% upper bound (2.095%) and "about 423
 paired seeds for 80% power", but not the number of seeds n or the per-seed sd. For each candidate n we back out the
 sd that the bound implies, then the seeds needed at that sd. Only n = 5 lands on 423 (normal approximation; the
-exact noncentral-t answer is 425), which pins down n = 5 and sd = 1.315 points (facts.md, study C).
+exact noncentral-t answer is 425), which pins down n = 5 and sd = 1.315 points (docs/sources.md, "Study C").
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ def write_stats_check(csv_path, md_path, evidence_path, scale: str) -> None:
     df = stats_check_table()
     fits = df[df["fits_about_423"]]
     notes = [
-        f"Paper (Lex 2026, facts.md): mean gap {PAPER['mean_gap_pct']}%, one-sided 95% upper bound "
-        f"{PAPER['upper_pct']}%, about {PAPER['seeds_reported']} paired seeds for 80% power at a 1% margin.",
+        f"Paper (Lex 2026; docs/sources.md, Study C): mean gap {PAPER['mean_gap_pct']}%, "
+        f"one-sided 95% upper bound {PAPER['upper_pct']}%, about {PAPER['seeds_reported']} paired seeds for 80% power "
+        "at a 1% margin.",
         "Every n reproduces the bound by construction (the sd is backed out of it); only the seeds column "
         "discriminates.",
         f"n that fits both: {', '.join(str(n) for n in fits['n'])}.",

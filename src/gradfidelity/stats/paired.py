@@ -1,9 +1,10 @@
 """Paired non-inferiority, paired ratio intervals, equivalence and sample size.
 
-Conventions (study C, Lex 2026; facts.md): per paired seed, gap% = 100 * (method - baseline) / baseline, where lower
-is better (bits per byte); the method is non-inferior iff the one-sided 95% upper confidence bound of the mean gap is
-at most the margin (1 point). The bound comes from scipy's one-sample t test, not from a hand-rolled quantile.
-Throughput ratios are compared on the log scale (a ratio's natural scale), then exponentiated.
+Conventions (study C, Lex 2026; docs/sources.md, section "Study C"): per paired seed,
+gap% = 100 * (method - baseline) / baseline, where lower is better (bits per byte); the method is non-inferior iff
+the one-sided 95% upper confidence bound of the mean gap is at most the margin (1 point). The bound comes from
+scipy's one-sample t test, not from a hand-rolled quantile. Throughput ratios are compared on the log scale (a
+ratio's natural scale), then exponentiated.
 
 Every function refuses NaN/inf input: a diverged run must be handled explicitly by the caller, never averaged away.
 """

@@ -1,7 +1,7 @@
 """Subcommands of study B. Heavy imports happen inside the handlers so `gradfidelity --help` stays fast.
 
   async-pp-train      train a group of cells (one run directory each) through the harness Run
-  async-pp-aggregate  metrics.json of every planned cell -> runs.csv + curves.csv
+  async-pp-aggregate  metrics.json of every planned cell (harness loader, one scale) -> runs.csv + curves.csv
   async-pp-report     tables, figures and/or claim evidence from the aggregates
   bench-async-pp      simulated step cost and real-pipeline throughput -> results/bench/async_pp.json
 """
@@ -36,20 +36,19 @@ def _train(args) -> int:
 def _aggregate(args) -> int:
     from gradfidelity.studies.async_pp.analysis import aggregate
 
-    aggregate(_cfg(args.cfg), args.root, args.runs, args.curves)
+    aggregate(_cfg(args.cfg), args.root, args.runs, args.curves, args.scale)
     return 0
 
 
 def _report(args) -> int:
-    import pandas as pd
-
-    from gradfidelity.studies.async_pp.analysis import Gaps, write_claims
+    from gradfidelity.studies.async_pp.analysis import Gaps, read_runs, write_claims
 
     cfg = _cfg(args.cfg)
     if args.main_table:
         from gradfidelity.studies.async_pp.report import write_tables
 
-        write_tables(Gaps(pd.read_csv(args.runs), cfg), args.main_table, args.mitigations_table, args.scale)
+        write_tables(Gaps(read_runs(args.runs, args.scale), cfg), args.main_table, args.mitigations_table,
+                     args.scale)
     if args.fig_momentum:
         from gradfidelity.studies.async_pp.report import write_figures
 
@@ -57,7 +56,8 @@ def _report(args) -> int:
                                                      "gap_vs_tokens": args.fig_gap_vs_tokens,
                                                      "curves": args.fig_curves})
     if args.claims:
-        write_claims(args.runs, cfg, args.scale, args.claims)
+        write_claims(args.runs, cfg, args.scale, args.claims, [args.main_table, args.mitigations_table,
+                                                               *(args.claim_source or [])])
     return 0
 
 
@@ -83,6 +83,7 @@ def register(sub) -> None:
     p.add_argument("--root", default="results/async_pp")
     p.add_argument("--runs", required=True)
     p.add_argument("--curves", required=True)
+    p.add_argument("--scale", help="the scale every run must have been made at (default: $GRADFIDELITY_SCALE)")
     p.set_defaults(func=_aggregate)
 
     p = sub.add_parser("async-pp-report", help="study B: tables, figures, claim evidence")
@@ -93,6 +94,8 @@ def register(sub) -> None:
     for opt in ("main-table", "mitigations-table", "fig-momentum", "fig-depth", "fig-gap-vs-tokens",
                 "fig-curves", "claims"):
         p.add_argument(f"--{opt}")
+    p.add_argument("--claim-source", action="append", help="a path (e.g. a table) to list among every claim "
+                   "record's sources, after its run directories and runs.csv; repeatable")
     p.set_defaults(func=_report)
 
     p = sub.add_parser("bench-async-pp", help="study B: 2bw step cost and real pipeline throughput")

@@ -10,7 +10,8 @@ schedule
                P evaluates with its own weights d_k = P-1-k updates stale, so the gradient is taken at the mixed
                point (W_0(t-d_0), ..., W_{P-1}(t)); stage k applies it to W_k(t). The last stage is fresh.
 - `pipedream_vsync`: the same per-stage staleness d_k but with a consistent weight version for all stages of one
-               evaluation (a per-stage gradient FIFO, as facts.md models vertical sync): stage k's gradient is
+               evaluation (a per-stage gradient FIFO; our model of vertical sync, see docs/sources.md, Study B):
+               stage k's gradient is
                g_k(W(t-d_k), b_t). Costs one forward/backward per distinct delay.
 mitigation
 - `none`.

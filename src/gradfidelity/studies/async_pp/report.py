@@ -14,14 +14,17 @@ from gradfidelity.tables import write_table
 
 
 def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str) -> None:
-    n = int(g.cfg["seeds"])
+    n = len(g.seeds)
     note = (f"scale {scale}, {n} seed(s) per cell, {g.steps} steps, embedded char corpus unless the config says "
-            "fineweb_edu; losses in nats per token; NaN = a seed diverged or recovery undefined (async <= sync)")
+            "fineweb_edu; losses in nats per token")
+    paired = ("every number of a row is over the row's paired seeds (`seeds`): a seed on which one of the row's runs "
+              "diverged or is missing is left out of the whole row and named in `diverged`; nan = no seed left")
     write_table(main_table(g), main_csv, title="Study B: final validation loss, sync vs one-step delay (2bw)",
-                notes=[note, "gap = async - sync (paired by seed); EF recovery % = 100 (async - async_EF) / "
-                       "(async - sync)"])
+                notes=[note, paired, "gap = async - sync per seed, then the mean; EF recovery % = 100 (async - "
+                       "async_EF) / (async - sync) per seed, then the mean (nan if async <= sync on a seed)"])
     write_table(mitigations_table(g), mitig_csv, title="Study B: mitigations of the one-step delay",
-                notes=[note, "ratio_<m> = gap(2bw + m) / gap(2bw); < 1 means the mitigation helps"])
+                notes=[note, paired, "ratio_<m> = mean over seeds of gap(2bw + m) / gap(2bw); < 1 means the "
+                       "mitigation helps; nan if the 2bw gap is <= 0 on a seed"])
 
 
 def _line(ax, xs, ys, label, **kw):

@@ -129,26 +129,37 @@ def _loss_agg(args) -> int:
     return 0
 
 
+def _ok_runs(paths: list[str], scale: str) -> list[dict]:
+    """The runs' metrics.json records (the shared loader refuses another scale); every one must have finished ok."""
+    from gradfidelity.harness.results import load_run_records
+
+    records = load_run_records(paths, scale=scale)
+    for rec in records:
+        if rec["status"] != "ok":
+            raise UserError(f"{rec['path']}: status {rec['status']!r}, expected ok")
+    return records
+
+
 def _tables(args) -> int:
-    from gradfidelity.harness.io import atomic_write_json, read_json
+    from gradfidelity.harness.io import atomic_write_json
     from gradfidelity.studies.ds_audit import claims, tables
     from gradfidelity.studies.ds_audit.ds_step import DSCase
     from gradfidelity.studies.ds_audit.matrix import rows_for_group
 
     rows = []
-    for path in args.groups:
-        m = read_json(path)
-        if m.get("status") != "ok":
-            raise UserError(f"{path}: status {m.get('status')!r}, expected ok")
-        g = m["metrics"]
+    for rec in _ok_runs(args.groups, args.scale):
+        g = rec["metrics"]
         cases = [DSCase(**{**c, "zero_extra": tuple(map(tuple, c["zero_extra"]))}) for c in g["cases"]]
-        rows += rows_for_group(g["deepspeed"], g["ranks"], cases, g["states"])
+        rows += [{**row, "run_dir": rec["run_dir"]} for row in rows_for_group(g["deepspeed"], g["ranks"], cases,
+                                                                            g["states"])]
     df = tables.write_matrix_table(rows, Path(args.matrix_csv), Path(args.matrix_md))
     tables.plot_matrix(df, Path(args.matrix_png))
-    loss = read_json(args.loss)["metrics"]["rows"]
-    summ = tables.write_loss_tables(loss, Path(args.loss_csv), Path(args.loss_md))
+    (loss_run,) = _ok_runs([args.loss], args.scale)
+    summ = tables.write_loss_tables(loss_run["metrics"]["rows"], Path(args.loss_csv), Path(args.loss_md))
     tables.plot_loss(summ, Path(args.loss_png))
-    atomic_write_json(args.evidence, claims.evidence(df, summ, args.scale))
+    atomic_write_json(args.evidence, claims.evidence(
+        df, summ, args.scale, matrix_tables=[args.matrix_csv, args.matrix_md], loss_run_dirs=[loss_run["run_dir"]],
+        loss_tables=[args.loss_csv, args.loss_md]))
     return 0
 
 

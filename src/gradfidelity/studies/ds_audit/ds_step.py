@@ -2,7 +2,7 @@
 
 Why a client optimizer: SGD(lr=1) makes the parameter delta equal to the applied gradient. DeepSpeed replaces a
 client optimizer by DeepSpeedCPUAdam under offload unless `zero_force_ds_cpu_optimizer` is false, and refuses an
-optimizer it has not tested under ZeRO unless `zero_allow_untested_optimizer` is true (facts.md A.1). The bug sits in
+optimizer it has not tested under ZeRO unless `zero_allow_untested_optimizer` is true. The bug sits in
 the ZeRO wrapper's gradient buffers, not in the inner optimizer, so SGD sees exactly what Adam would.
 
 Each micro-step does `engine(x, k)`, `engine.backward(loss)` (backward_calls times: >1 is the PR #7981 case, with
@@ -11,7 +11,7 @@ accumulate several backward() calls into one step with GA 1) and `engine.step()`
 at the accumulation boundary, once. The step runs under
 `torch.no_grad()`: with several ranks, torch 2.13's gloo `all_gather_single` writes the updated partitions into
 views produced by `split` and autograd refuses that in grad mode ("Output 0 of Split is a view and is being modified
-inplace", the failure facts.md A.1 reports for two ranks). An optimizer step is never differentiated, so no_grad
+inplace", the failure an unguarded two-rank step hits). An optimizer step is never differentiated, so no_grad
 changes nothing else; the gradients were accumulated before, during backward().
 """
 

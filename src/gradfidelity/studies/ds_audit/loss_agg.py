@@ -1,4 +1,4 @@
-"""Loss-aggregation audit: how much does a per-micro-batch token mean bend the gradient? (facts.md A.2, claim A4)
+"""Loss-aggregation audit: how much does a per-micro-batch token mean bend the gradient? (claim A4)
 
 Why: OpenRLHF took a token mean inside each micro-batch and DeepSpeed then averaged micro-batches (1/GA) and ranks.
 The objective becomes a mean of means, so a token in a short micro-batch weighs more than one in a long one. The

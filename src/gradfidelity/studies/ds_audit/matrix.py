@@ -1,8 +1,9 @@
 """The DeepSpeed fault matrix: every (version, ZeRO stage, offload, GA, dtype, ranks) cell probed for real.
 
-Why a matrix and not one case: the claim (facts.md A.1) is a statement about exactly which configurations lose data;
-each row is a one-step probe whose contribution vector is compared with what facts.md predicts for that row. Rows
-that cannot run stay in the table with DeepSpeed's error text, so a refusal is never mistaken for a pass.
+Why a matrix and not one case: the claim (the paper's bug description, docs/sources.md, "Study A: DeepSpeed bug")
+is a statement about exactly which configurations lose data; each row is a one-step probe whose contribution vector
+is compared with what that description predicts for the row (`predicted`, `agrees_with_prediction`). Rows that
+cannot run stay in the table with DeepSpeed's error text, so a refusal is never mistaken for a pass.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from gradfidelity.errors import UserError
 from gradfidelity.studies.ds_audit.ds_step import DSCase
 
-AFFECTED = ((0, 15, 2), (0, 18, 9))  # facts.md A.1: PR #6550 shipped in 0.15.2, fixed in 0.19.0
+AFFECTED = ((0, 15, 2), (0, 18, 9))  # PR #6550 shipped in 0.15.2, PR #7967 fixed it in 0.19.0 (docs/sources.md)
 
 
 @dataclass(frozen=True)
@@ -61,23 +62,23 @@ def _vtuple(v: str) -> tuple[int, ...]:
 
 
 def prediction(version: str, case: DSCase, ranks: int) -> tuple[list[int] | None, str]:
-    """What facts.md A.1 predicts: (contribution vector over all ranks' micro-batches, or None if open; basis)."""
+    """The bug description's prediction: (contribution vector over all ranks' micro-batches, or None if open; basis)."""
     n = case.ga * case.backward_calls
     ones = [1] * n
     affected = AFFECTED[0] <= _vtuple(version) <= AFFECTED[1] and case.zero_stage in (1, 2)
     if not (affected and case.offload != "none"):
         return ones * ranks, "exact (not an affected version/stage/offload)"
     if case.backward_calls > 1:
-        # facts.md A.1 + PR #7981's description: ZeRO-1/2 + offload, GA 1, several backward() per step (boundary set
-        # with set_gradient_accumulation_boundary): all but the last backward dropped; non-offload ZeRO-1/2 exact.
+        # PR #7981's description: ZeRO-1/2 + offload, GA 1, several backward() per step (boundary set with
+        # set_gradient_accumulation_boundary): all but the last backward dropped; non-offload ZeRO-1/2 exact.
         if case.zero_stage == 1:
-            return None, "open: PR #7981 names ZeRO-1/2, facts.md leaves stage 1 open"
+            return None, "open: PR #7981 names ZeRO-1/2, stage 1 was never shown to drop here"
         return ([0] * (n - 1) + [1]) * ranks, "PR #7981: all but the last backward dropped"
     if case.zero_stage == 1:
         if ranks == 1 and case.ga >= 3:
-            return ones, "facts.md measured stage 1, one rank, GA 4/8: all ones (open question)"
+            return ones, "an earlier one-rank probe of stage 1 at GA 4/8 found all ones (open question)"
         if ranks > 1 and case.ga >= 3:
-            return None, "open: stage 1 with several ranks never measured (facts.md A.1)"
+            return None, "open: stage 1 with several ranks was never measured"
         return ones * ranks, "GA <= 2 is exact"
     if case.ga >= 3:
         return ([1] + [0] * (n - 2) + [1]) * ranks, "bug: micro-batches 1..N-2 dropped (PR #6550)"
@@ -112,8 +113,8 @@ def rows_for_group(version: str, ranks: int, cases: list[DSCase], states: list[d
             "backward_calls": case.backward_calls, "dtype": case.dtype, "ranks": ranks, "status": st["status"],
             "contributions": "", "contributions_raw": "", "dropped": "", "faithful": None,
             "grad_norm_ratio": None, "applied_norm_ratio": None, "max_param_dev": None, "residual": None,
-            "facts_md_prediction": "open" if pred is None else str(pred).replace(" ", ""),
-            "prediction_basis": basis, "agrees_with_facts_md": "error", "error": st.get("error", ""),
+            "predicted": "open" if pred is None else str(pred).replace(" ", ""),
+            "prediction_basis": basis, "agrees_with_prediction": "error", "error": st.get("error", ""),
         }
         if st["status"] == "ok":
             r = st["result"]
@@ -122,7 +123,7 @@ def rows_for_group(version: str, ranks: int, cases: list[DSCase], states: list[d
                 contributions_raw=" ".join(f"{x:.5f}" for x in r["contributions"]),
                 dropped=" ".join(map(str, r["dropped"])), faithful=r["faithful"],
                 grad_norm_ratio=r["grad_norm_ratio"], applied_norm_ratio=r["applied_norm_ratio"],
-                max_param_dev=r["max_param_dev"], residual=r["residual"], agrees_with_facts_md=compare(r, pred),
+                max_param_dev=r["max_param_dev"], residual=r["residual"], agrees_with_prediction=compare(r, pred),
             )
             if r.get("extra", {}).get("deepspeed") not in (None, version):
                 raise RuntimeError(f"group labelled {version} ran deepspeed {r['extra']['deepspeed']}")

@@ -1,40 +1,36 @@
 """Tables and figures of the study: fault matrix (CSV, Markdown, heat map) and loss aggregation (CSV, MD, plot).
 
-Why Markdown lists disagreements first: a reader must not have to scan 300 rows to learn that a row contradicts
-facts.md; the section says so plainly, and the full table follows.
+Why Markdown lists disagreements first: a reader must not have to scan 300 rows to learn that a row contradicts the
+prediction of the paper's bug description (docs/sources.md, "Study A: DeepSpeed bug"); the section says so plainly,
+and the full table follows.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
+from gradfidelity.tables import markdown
 
 MATRIX_ORDER = ["deepspeed", "ranks", "backward_calls", "zero_stage", "offload", "ga", "dtype"]
 
 
 def _md_table(df: pd.DataFrame) -> str:
-    def cell(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return ""
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return str(v).replace("|", "/")
-
-    head = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
-    return head + "".join("| " + " | ".join(cell(v) for v in row) + " |\n" for row in df.itertuples(index=False))
+    """A Markdown table whose text cells cannot break the table (DeepSpeed error text may hold "|" or newlines)."""
+    clean = df.astype(object).mask(df.isna(), "")  # empty cells, not "nan", for values a row did not report
+    for col in clean.columns:
+        clean[col] = clean[col].map(lambda v: v.replace("|", "/").replace("\n", " ") if isinstance(v, str) else v)
+    return markdown(clean) + "\n"
 
 
 def write_matrix_table(rows: list[dict], csv: Path, md: Path) -> pd.DataFrame:
     df = pd.DataFrame(rows).sort_values(MATRIX_ORDER, kind="stable").reset_index(drop=True)
     atomic_write_csv(df, csv)
     shown = ["deepspeed", "ranks", "zero_stage", "offload", "ga", "backward_calls", "dtype", "status",
-             "contributions", "grad_norm_ratio", "max_param_dev", "facts_md_prediction", "agrees_with_facts_md",
-             "error"]
+             "contributions", "grad_norm_ratio", "max_param_dev", "predicted", "agrees_with_prediction", "error"]
     ok = df[df.status == "ok"]
     lines = [
         "# DeepSpeed fault matrix: which micro-batches reach the optimizer",
@@ -42,22 +38,22 @@ def write_matrix_table(rows: list[dict], csv: Path, md: Path) -> pd.DataFrame:
         "One optimizer step per row through the real `deepspeed.initialize` (CPU accelerator, gloo), SGD(lr=1) as a "
         "client optimizer, a probe model where micro-batch k alone touches parameter tag[k]. `contributions` is "
         "the least-squares weight of each micro-batch (all ranks, rank-major) in the applied gradient: 1 = counted "
-        "once, 0 = lost. `grad_norm_ratio` = norm DeepSpeed reports / true norm. `facts_md_prediction` is what "
-        "facts.md A.1 predicts for the row; `agrees_with_facts_md` says yes, NO, open (facts.md leaves it open) or "
-        "error (the row did not run; the error text is kept).",
+        "once, 0 = lost. `grad_norm_ratio` = norm DeepSpeed reports / true norm. `predicted` is the vector the "
+        "paper's bug description (docs/sources.md, Study A) predicts for the row; `agrees_with_prediction` says yes, "
+        "NO, open (the description leaves the row open) or error (the row did not run; the error text is kept).",
         "",
         f"Rows: {len(df)}; ran: {len(ok)}; errors: {int((df.status != 'ok').sum())}; "
-        f"agree: {int((df.agrees_with_facts_md == 'yes').sum())}; "
-        f"DISAGREE: {int((df.agrees_with_facts_md == 'NO').sum())}; "
-        f"open: {int((df.agrees_with_facts_md == 'open').sum())}.",
+        f"agree: {int((df.agrees_with_prediction == 'yes').sum())}; "
+        f"DISAGREE: {int((df.agrees_with_prediction == 'NO').sum())}; "
+        f"open: {int((df.agrees_with_prediction == 'open').sum())}.",
         "",
-        "## Rows that disagree with facts.md",
+        "## Rows that disagree with the prediction",
         "",
     ]
-    bad = df[df.agrees_with_facts_md == "NO"]
-    lines.append(_md_table(bad[shown]) if len(bad) else "None: every row that ran matches facts.md's prediction.\n")
-    lines += ["", "## Rows on facts.md's open questions", ""]
-    opn = df[df.agrees_with_facts_md == "open"]
+    bad = df[df.agrees_with_prediction == "NO"]
+    lines.append(_md_table(bad[shown]) if len(bad) else "None: every row that ran matches the prediction.\n")
+    lines += ["", "## Rows on the prediction's open questions", ""]
+    opn = df[df.agrees_with_prediction == "open"]
     lines.append(_md_table(opn[shown]) if len(opn) else "None.\n")
     lines += ["", "## Rows that could not run", ""]
     err = df[df.status != "ok"]
@@ -90,7 +86,7 @@ def plot_matrix(df: pd.DataFrame, png: Path) -> None:
                 grid[i, :] = -1.0  # error rows: black
             mbk = f" x{r.backward_calls}bw" if r.backward_calls > 1 else ""
             labels.append(f"r{r.ranks} z{r.zero_stage} {r.offload:>4} ga{r.ga}{mbk} {r.dtype}"
-                          + ("" if r.agrees_with_facts_md in ("yes", "open") else f" [{r.agrees_with_facts_md}]"))
+                          + ("" if r.agrees_with_prediction in ("yes", "open") else f" [{r.agrees_with_prediction}]"))
         im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=-1.0, vmax=1.2,
                        interpolation="nearest")
         ax.set_yticks(range(len(labels)))

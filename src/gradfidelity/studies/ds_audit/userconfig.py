@@ -4,7 +4,7 @@ Why translate instead of running the file as is: the probe must use its own tiny
 and batch sizes, so `optimizer`, `scheduler` and the batch-size triple are replaced; everything that selects the
 gradient path (ZeRO stage and its knobs, optimizer offload, dtype, clipping, GA) is kept. Values a GPU-only feature
 needs are mapped to the nearest CPU-runnable path and reported as notes:
-- fp16 -> bf16 (this CPU refuses fp16; the accumulation buffers do not depend on the dtype, facts.md A.1);
+- fp16 -> bf16 (this CPU refuses fp16; the bug is in which buffer slots are kept, not in the dtype);
 - offload to nvme -> cpu (same ZeRO-1/2 offload path, without the async-io library);
 - "auto" (filled by the Hugging Face Trainer/Accelerate at run time): gradient_accumulation_steps "auto" needs
   --gradient-accumulation-steps (it decides the verdict, so no default is guessed); a micro-batch size "auto"

@@ -1,13 +1,27 @@
 """Runs -> aggregate CSV -> paired statistics -> tables, figures and claim evidence for study C.
 
-The statistics are the paper's prespecified ones (facts.md, study C), computed with `gradfidelity.stats`:
-per paired seed gap% = 100 (bpb_method - bpb_BP) / bpb_BP; non-inferior iff the one-sided 95% upper bound of the
-mean gap <= margin (1 point); throughput ratio = geometric mean of per-seed ratios with a paired 95% t interval
-on the log scale; seeds for 80% power from the observed mean and sd. A cell's "joint" verdict (our reading of the
-paper's "met their joint criteria") = non-inferior AND the lower end of the throughput CI above 1.
+The statistics are the paper's prespecified ones (its protocol is summarised in docs/sources.md, section
+"Study C"), computed with `gradfidelity.stats`: per paired seed gap% = 100 (bpb_method - bpb_BP) / bpb_BP;
+non-inferior iff the one-sided 95% upper bound of the mean gap <= margin (1 point); throughput ratio = geometric
+mean of per-seed ratios with a paired 95% t interval on the log scale; seeds for 80% power from the observed mean
+and sd. A cell's "joint" verdict (our reading of the paper's "met their joint criteria") = non-inferior AND the
+lower end of the throughput CI above 1.
 
 Pairing is by seed: the same seed gives BP and every method the same initial weights and the same batch order.
-A diverged run is never averaged away: its seed is dropped from the statistics and the verdict says so.
+A diverged run is never averaged away: its seed is dropped from the statistics, tables count it, and the verdict
+and the claim evidence say so.
+
+Claim evidence (`gradfidelity.claims.evidence`; a seed enters a record only if every run the record needs on that
+seed finished ok; a seed with a diverged run is dropped, counted in `diverged` and named in `detail`):
+  C1, C2  paired_ratio of tokens/s, async RGC (C1) / async Broadcast (C2) vs BP, enwik8 at the main width
+  C3      paired_ratio of peak process-tree PSS, async RGC vs BP, same cell
+  C4      exact: one-sided 95% upper bound of the mean gap %, async Broadcast vs BP (the paper's decision statistic)
+  C6      mean_ci of the per-seed gap %, async Broadcast vs BP, TinyStories at the main width
+  C7      mean_ci of the per-seed (ratio at the smallest width - ratio at the largest), async Broadcast / BP, enwik8
+  C8      mean_ci of the per-seed bits-per-byte difference Broadcast serial - RGC serial (mechanism cell)
+  C9      exact: largest |end| of the paired 90% CI (TOST) of RGC serial - Live Local (mechanism cell)
+  C10     mean_ci of the per-seed (async Broadcast / thread-matched BP) / (async Broadcast / BP)
+Intervals are at the registry's level for the claim (`level_for`).
 
 Speed-up decomposition (async methods, per seed, then averaged), with T_bp = BP's training wall time, B_s = busy
 (compute) time of stage s, W = the async run's wall time:
@@ -20,13 +34,18 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from gradfidelity.harness.io import atomic_write_csv, atomic_write_json, read_json
+from gradfidelity.claims.evidence import exact, level_for, mean_ci, not_measured, paired_difference, paired_ratio
+from gradfidelity.errors import UserError
+from gradfidelity.harness.io import atomic_write_csv, atomic_write_json
+from gradfidelity.harness.results import load_run_records
 from gradfidelity.plots import new_figure, save_figure, style_axes
 from gradfidelity.stats import equivalence_tost, noninferiority, paired_ratio_ci, seeds_for_power
 from gradfidelity.studies.local.settings import ASYNC, SERIAL_LOCAL, LocalSettings
@@ -35,33 +54,88 @@ from gradfidelity.tables import write_table
 LABEL = {"bp": "BP", "bp_tm": "BP (thread-matched)", "live_local": "Live Local (serial)",
          "broadcast_serial": "Broadcast (serial)", "rgc_serial": "RGC (serial)",
          "broadcast_async": "Broadcast (async)", "rgc_async": "RGC (async)"}
+_KEYS = ("path", "run_dir", "status", "seed", "scale", "corpus", "width", "method")
+_METRICS = ("val_bpb", "corpus_source", "n_params", "n_stages", "steps")
+_TIMING = ("tokens_per_s", "train_s", "peak_pss_gib", "compute_threads", "model_tflops_per_s")
+_DIVERGED = ("diverged_at_step", "diverged_what")
 
 
 # ----------------------------------------------------------------------------------------------- aggregate
-def aggregate(paths: list[str]) -> pd.DataFrame:
+def aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame:
+    """One row per run (diverged runs included, with empty metric cells), read through the harness loader.
+
+    Corpus, width and method come from the run layout <corpus>/w<width>/<method>/seed<k>/metrics.json (runner.py);
+    a finished run's own metrics must agree with it. With `scale`, runs made at another scale are refused.
+    """
     rows = []
-    for path in paths:
-        rec = read_json(path)
-        parts = Path(path).parts  # .../<corpus>/w<width>/<method>/seed<k>/metrics.json
-        row = {"path": str(path), "status": rec["status"], "seed": rec["seed"], "corpus": parts[-5],
-               "width": int(parts[-4][1:]), "method": parts[-3]}
-        m, t = rec.get("metrics", {}), rec.get("timing", {})
+    for rec in load_run_records(paths, scale=scale):
+        parts = Path(rec["path"]).parts
+        if len(parts) < 5 or not parts[-4].startswith("w") or not parts[-4][1:].isdigit():
+            raise UserError(f"{rec['path']}: not a study C run (<corpus>/w<width>/<method>/seed<k>/metrics.json)")
+        row = {"path": rec["path"], "run_dir": rec["run_dir"], "status": rec["status"], "seed": int(rec["seed"]),
+               "scale": rec.get("scale"), "corpus": parts[-5], "width": int(parts[-4][1:]), "method": parts[-3]}
+        m, t = rec["metrics"], rec.get("timing") or {}
         if rec["status"] == "ok":
-            row.update({k: m.get(k) for k in ("val_bpb", "corpus_source", "n_params", "n_stages", "steps")})
-            row.update({k: t.get(k) for k in ("tokens_per_s", "train_s", "peak_pss_gib", "compute_threads",
-                                              "model_tflops_per_s")})
-            row["stage_busy_s"] = json.dumps(t.get("stage_busy_s")) if "stage_busy_s" in t else ""
+            for key in ("corpus", "width", "method"):
+                if key in m and m[key] != row[key]:
+                    raise UserError(f"{rec['path']}: metrics say {key}={m[key]!r} but the path says {row[key]!r}")
+            row.update({k: m.get(k) for k in _METRICS})
+            row.update({k: t.get(k) for k in _TIMING})
+            row["stage_busy_s"] = json.dumps(t["stage_busy_s"]) if "stage_busy_s" in t else ""
+        else:
+            row.update({k: m.get(k) for k in _DIVERGED})
         rows.append(row)
-    return pd.DataFrame(rows).sort_values(["corpus", "width", "method", "seed"]).reset_index(drop=True)
+    df = pd.DataFrame(rows).reindex(columns=[*_KEYS, *_METRICS, *_TIMING, "stage_busy_s", *_DIVERGED])
+    return df.sort_values(["corpus", "width", "method", "seed"]).reset_index(drop=True)
 
 
-def _paired(df: pd.DataFrame, method: str, base: str, col: str) -> tuple[np.ndarray, np.ndarray, list, int]:
-    """Values of `col` for method and base on the seeds where both finished ok; plus the count of lost seeds."""
-    a = df[df.method == method].set_index("seed")
-    b = df[df.method == base].set_index("seed")
-    seeds = sorted(set(a.index) & set(b.index))
-    ok = [s for s in seeds if a.at[s, "status"] == "ok" and b.at[s, "status"] == "ok"]
-    return (a.loc[ok, col].to_numpy(float), b.loc[ok, col].to_numpy(float), ok, len(seeds) - len(ok))
+@dataclass(frozen=True)
+class Aligned:
+    """Per-seed values of one column for several arms (corpus, width, method), on the seeds where all finished ok."""
+    arms: list[tuple[str, int, str]]
+    seeds: list[int]
+    values: list[np.ndarray]  # one array per arm, in the order of `seeds`
+    diverged: dict[int, list[str]] = field(default_factory=dict)  # dropped seed -> the arms that diverged on it
+    missing: list[int] = field(default_factory=list)  # seeds without a run of some arm
+    sources: list[str] = field(default_factory=list)  # run directories of every arm on every seed considered
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+
+def _arm(arm: tuple[str, int, str]) -> str:
+    return f"{LABEL.get(arm[2], arm[2])} ({arm[0]}, w{arm[1]})"
+
+
+def align(df: pd.DataFrame, arms: list[tuple[str, int, str]], col: str) -> Aligned:
+    per_arm = []
+    for corpus, width, method in arms:
+        a = df[(df.corpus == corpus) & (df.width == width) & (df.method == method)].set_index("seed")
+        if not a.index.is_unique:
+            raise UserError(f"{_arm((corpus, width, method))}: more than one run per seed")
+        per_arm.append(a)
+    kept, diverged, missing, sources = [], {}, [], []
+    for seed in sorted(set().union(*(set(a.index) for a in per_arm))):
+        rows = [a.loc[seed] if seed in a.index else None for a in per_arm]
+        sources += [str(r.run_dir) for r in rows if r is not None]
+        bad = [_arm(arm) for arm, r in zip(arms, rows, strict=True) if r is not None and r.status != "ok"]
+        if bad:
+            diverged[int(seed)] = bad
+        elif any(r is None for r in rows):
+            missing.append(int(seed))
+        else:
+            kept.append(int(seed))
+    return Aligned(list(arms), kept, [a.loc[kept, col].to_numpy(float) for a in per_arm], diverged, missing,
+                   sources)
+
+
+def _paired(cell: pd.DataFrame, method: str, base: str, col: str) -> Aligned:
+    """`col` of method and base on the seeds of one (corpus, width) cell where both finished ok."""
+    if cell.empty:
+        return Aligned([], [], [np.array([]), np.array([])])
+    corpus, width = cell.corpus.iloc[0], int(cell.width.iloc[0])
+    return align(cell, [(corpus, width, method), (corpus, width, base)], col)
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> dict:
@@ -78,6 +152,8 @@ def _decomposition(df: pd.DataFrame, method: str) -> dict:
     b = df[(df.method == "bp") & (df.status == "ok")].set_index("seed")
     parts = []
     for seed in sorted(set(a.index) & set(b.index)):
+        if not a.at[seed, "stage_busy_s"]:
+            continue
         busy = np.array(json.loads(a.at[seed, "stage_busy_s"]))
         t_bp, wall = float(b.at[seed, "train_s"]), float(a.at[seed, "train_s"])
         parts.append({"work_ratio": t_bp / busy.sum(), "parallelism": busy.sum() / busy.max(),
@@ -89,8 +165,7 @@ def _decomposition(df: pd.DataFrame, method: str) -> dict:
 
 def _seeds(mean: float, sd: float, margin: float) -> float:
     """Paired seeds for 80% power (exact noncentral t from gradfidelity.stats). Where statsmodels' solver fails
-    (very large or tiny effects: it returns NaN and the backbone's int() raises), fall back to the normal
-    approximation ((z_.95 + z_.80) sd / (margin - mean))^2 computed here with scipy."""
+    (very large or tiny effects), fall back to the normal approximation ((z_.95 + z_.80) sd / (margin - mean))^2."""
     if not sd > 0:
         return math.nan
     try:
@@ -101,10 +176,18 @@ def _seeds(mean: float, sd: float, margin: float) -> float:
         return float(math.ceil(((stats.norm.ppf(0.95) + stats.norm.ppf(0.80)) * sd / (margin - mean)) ** 2))
 
 
+def _gaps_pct(m: np.ndarray, b: np.ndarray, margin: float) -> np.ndarray:
+    """Per-seed gap% = 100 (method - BP) / BP (from gradfidelity.stats.noninferiority where n >= 2)."""
+    if len(m) >= 2:
+        return np.array(noninferiority(m, b, margin).gaps_pct)
+    return 100.0 * (m - b) / b
+
+
 def cell_stats(df: pd.DataFrame, method: str, margin: float) -> dict:
     """Everything the main table says about one method in one (corpus, width) cell."""
-    m_bpb, b_bpb, ok, lost = _paired(df, method, "bp", "val_bpb")
-    n = len(ok)
+    al = _paired(df, method, "bp", "val_bpb")
+    m_bpb, b_bpb = al.values
+    n, lost = al.n, len(al.diverged)
     out = {"n": n, "diverged_seeds": lost}
     if n >= 2:
         ni = noninferiority(m_bpb, b_bpb, margin)
@@ -112,13 +195,11 @@ def cell_stats(df: pd.DataFrame, method: str, margin: float) -> dict:
                    non_inferior=ni.non_inferior)
         out["seeds_80pct"] = _seeds(ni.mean_gap_pct, ni.sd_gap_pct, margin)
     elif n == 1:
-        out.update(mean_gap_pct=float(100 * (m_bpb[0] - b_bpb[0]) / b_bpb[0]), upper_pct=math.nan)
-    tps_m, tps_b, _, _ = _paired(df, method, "bp", "tokens_per_s")
-    r = _ratio(tps_m, tps_b)
+        out.update(mean_gap_pct=float(_gaps_pct(m_bpb, b_bpb, margin)[0]), upper_pct=math.nan)
+    r = _ratio(*_paired(df, method, "bp", "tokens_per_s").values)
     out.update(ratio_vs_bp=r["ratio"], ratio_low=r["low"], ratio_high=r["high"])
     if method in ASYNC and (df.method == "bp_tm").any():
-        tps_m, tps_t, _, _ = _paired(df, method, "bp_tm", "tokens_per_s")
-        r = _ratio(tps_m, tps_t)
+        r = _ratio(*_paired(df, method, "bp_tm", "tokens_per_s").values)
         out.update(ratio_vs_tm=r["ratio"], tm_low=r["low"], tm_high=r["high"])
         out.update(_decomposition(df, method))
     ok_rows = df[(df.status == "ok")]
@@ -133,18 +214,22 @@ def cell_stats(df: pd.DataFrame, method: str, margin: float) -> dict:
     else:
         out["verdict"] = "non-inferior" if out["non_inferior"] else "not non-inferior"
     faster = out.get("ratio_low", math.nan) > 1
-    out["joint"] = bool(out.get("non_inferior", False) and faster)
+    out["joint"] = bool(out.get("non_inferior", False) and faster and not lost)
     return out
+
+
+def _source(cell: pd.DataFrame) -> str:
+    s = cell.corpus_source.dropna()
+    return str(s.iloc[0]) if len(s) else "?"
 
 
 # ----------------------------------------------------------------------------------------------- tables
 def main_table(df: pd.DataFrame, s: LocalSettings) -> pd.DataFrame:
     rows = []
     for (corpus, width), cell in df.groupby(["corpus", "width"]):
-        source = cell.corpus_source.dropna().iloc[0] if cell.corpus_source.notna().any() else "?"
         for method in [m for m in (*ASYNC, *SERIAL_LOCAL) if (cell.method == m).any()]:
             st = cell_stats(cell, method, s.margin_pct)
-            rows.append({"corpus": corpus, "source": source, "width": width, "method": method, **st})
+            rows.append({"corpus": corpus, "source": _source(cell), "width": width, "method": method, **st})
     return pd.DataFrame(rows)
 
 
@@ -153,16 +238,16 @@ def mechanism_table(df: pd.DataFrame, s: LocalSettings) -> pd.DataFrame:
     for (corpus, width), cell in df.groupby(["corpus", "width"]):
         if not (cell.method == "live_local").any():
             continue
-        source = cell.corpus_source.dropna().iloc[0]
         for method in [m for m in SERIAL_LOCAL if (cell.method == m).any()]:
-            ok = cell[(cell.method == method) & (cell.status == "ok")]
-            row = {"corpus": corpus, "source": source, "width": width, "method": method, "n": len(ok),
-                   "mean_bpb": ok.val_bpb.mean(), "sd_bpb": ok.val_bpb.std(ddof=1),
-                   "tokens_per_s": ok.tokens_per_s.mean()}
+            runs = cell[cell.method == method]
+            ok = runs[runs.status == "ok"]
+            row = {"corpus": corpus, "source": _source(cell), "width": width, "method": method, "n": len(ok),
+                   "diverged": int((runs.status == "diverged").sum()), "mean_bpb": ok.val_bpb.mean(),
+                   "sd_bpb": ok.val_bpb.std(ddof=1), "tokens_per_s": ok.tokens_per_s.mean()}
             st = cell_stats(cell, method, s.margin_pct)
             row.update({"mean_gap_vs_bp_pct": st.get("mean_gap_pct"), "upper_pct": st.get("upper_pct")})
             if method != "live_local":
-                a, b, okseeds, _ = _paired(cell, method, "live_local", "val_bpb")
+                a, b = _paired(cell, method, "live_local", "val_bpb").values
                 row["minus_live_local_bpb"] = float(np.mean(a - b)) if len(a) else math.nan
                 if len(a) >= 2:
                     e = equivalence_tost(a, b, s.equivalence_bpb)
@@ -172,73 +257,124 @@ def mechanism_table(df: pd.DataFrame, s: LocalSettings) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------------------------- claims
-def _get(table: pd.DataFrame, corpus: str, width: int, method: str) -> dict | None:
-    r = table[(table.corpus == corpus) & (table.width == width) & (table.method == method)]
-    return None if r.empty else r.iloc[0].to_dict()
+def _notes(al: Aligned) -> str:
+    out = ""
+    if al.diverged:
+        per = "; ".join(f"seed {k}: {', '.join(arms)}" for k, arms in sorted(al.diverged.items()))
+        out += f"; {len(al.diverged)} seed(s) dropped because a run diverged ({per})"
+    if al.missing:
+        out += f"; seed(s) {al.missing} lack a run of some arm"
+    return out
 
 
-def _num(v) -> float | None:
-    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else float(v)
+def _vals(values) -> str:
+    return "[" + ", ".join(f"{float(v):.5g}" for v in values) + "]"
 
 
-def claims(df: pd.DataFrame, main: pd.DataFrame, s: LocalSettings, scale: str) -> dict:
+def _evidence(al: Aligned, what: str, tables: list[str], make: Callable[..., tuple[dict, str]],
+              need: int = 1) -> dict:
+    """The record of one claim: `make(*per-arm values)` returns (record, what it found), or not_measured when fewer
+    than `need` complete paired seeds remain. Every record gets its sources and the diverged seeds."""
+    sources = list(dict.fromkeys([*al.sources, *tables]))
+    notes = _notes(al)
+    if al.n < need:
+        return not_measured(f"{what}: {al.n} complete paired seed(s), needs >= {need}{notes}", n=al.n,
+                            sources=sources, diverged=len(al.diverged))
+    rec, found = make(*al.values)
+    rec = dict(rec, detail=f"{what}: {found}{notes}", sources=sources)
+    if al.diverged:
+        rec["diverged"] = len(al.diverged)
+    return rec
+
+
+def claims(df: pd.DataFrame, s: LocalSettings, scale: str, tables: dict[str, str | Path] | None = None) -> dict:
+    """The claim evidence file: {"study": "local", "scale": ..., "values": {claim id: evidence record}}.
+
+    `tables`: paths of the aggregate, main and mechanism tables (keys aggregate, main, mechanism), named in the
+    records' sources.
+    """
+    tables = {k: str(v) for k, v in (tables or {}).items()}
+    main_src = [tables[k] for k in ("aggregate", "main") if k in tables]
+    mech_src = [tables[k] for k in ("aggregate", "mechanism") if k in tables]
     W, vals = s.main_width, {}
 
-    def put(cid: str, value, detail: str, n: int) -> None:
-        vals[cid] = {"measured": _num(value), "detail": detail if _num(value) is not None else
-                     f"not measurable: {detail}", "n": int(n)}
-
     def src(corpus: str) -> str:
-        r = df[df.corpus == corpus].corpus_source.dropna()
-        return f"{corpus} ({r.iloc[0]})" if len(r) else corpus
+        return f"{corpus} ({_source(df[df.corpus == corpus])})"
+
+    def threads(corpus: str, width: int, method: str) -> str:
+        t = df[(df.corpus == corpus) & (df.width == width) & (df.method == method)].compute_threads.dropna()
+        return f"{t.max():g}" if len(t) else "?"
 
     for cid, method in (("C1", "rgc_async"), ("C2", "broadcast_async")):
-        r = _get(main, "enwik8", W, method) or {}
-        put(cid, r.get("ratio_low"), f"{LABEL[method]} / BP throughput {r.get('ratio_vs_bp', math.nan):.3f}x, "
-            f"95% CI {r.get('ratio_low', math.nan):.3f}-{r.get('ratio_high', math.nan):.3f}, width {W}, "
-            f"{src('enwik8')}, threads {r.get('threads_method')} vs {r.get('threads_bp')}"
-            + ("" if r.get("n", 0) >= 2 else "; needs >= 2 paired seeds"), r.get("n", 0))
-    r = _get(main, "enwik8", W, "rgc_async") or {}
-    pss = (r.get("pss_method_gib") / r.get("pss_bp_gib")) if r.get("pss_bp_gib") else None
-    put("C3", pss, f"peak tree PSS {r.get('pss_bp_gib', math.nan):.3f} GiB (BP) -> "
-        f"{r.get('pss_method_gib', math.nan):.3f} GiB (async RGC), width {W}, {src('enwik8')}", r.get("n", 0))
-    r = _get(main, "enwik8", W, "broadcast_async") or {}
-    put("C4", r.get("upper_pct"), f"mean gap {r.get('mean_gap_pct', math.nan):.3f}%, one-sided 95% upper bound "
-        f"{r.get('upper_pct', math.nan):.3f}% vs margin {s.margin_pct}%, width {W}, {src('enwik8')}; "
-        f"seeds for 80% power: {r.get('seeds_80pct')}", r.get("n", 0))
-    r = _get(main, "tinystories", W, "broadcast_async") or {}
-    put("C6", r.get("mean_gap_pct"), f"mean gap {r.get('mean_gap_pct', math.nan):.3f}%, upper bound "
-        f"{r.get('upper_pct', math.nan):.3f}%, width {W}, {src('tinystories')}", r.get("n", 0))
-    ws = sorted(main[(main.corpus == "enwik8") & (main.method == "broadcast_async")].width.unique())
+        def ratio(a, b, cid=cid):
+            return paired_ratio(a, b, level_for(cid)), f"per-seed ratios {_vals(a / b)}"
+        vals[cid] = _evidence(
+            align(df, [("enwik8", W, method), ("enwik8", W, "bp")], "tokens_per_s"),
+            f"{LABEL[method]} / BP tokens per s (geometric mean over paired seeds), width {W}, {src('enwik8')}, "
+            f"threads {threads('enwik8', W, method)} vs {threads('enwik8', W, 'bp')}", main_src, ratio)
+
+    vals["C3"] = _evidence(
+        align(df, [("enwik8", W, "rgc_async"), ("enwik8", W, "bp")], "peak_pss_gib"),
+        f"peak process-tree PSS RGC (async) / BP, width {W}, {src('enwik8')}", main_src,
+        lambda a, b: (paired_ratio(a, b, level_for("C3")), f"GiB per seed RGC {_vals(a)}, BP {_vals(b)}"))
+
+    def upper(m, b):
+        ni = noninferiority(m, b, s.margin_pct)
+        return exact(ni.upper_pct, n=ni.n), (
+            f"mean gap {ni.mean_gap_pct:.4g}%, sd {ni.sd_gap_pct:.4g}, one-sided 95% upper bound {ni.upper_pct:.4g}% "
+            f"vs margin {s.margin_pct}% (non-inferior: {ni.non_inferior}); per-seed gaps {_vals(ni.gaps_pct)}; "
+            f"seeds for 80% power {_seeds(ni.mean_gap_pct, ni.sd_gap_pct, s.margin_pct):g}")
+    vals["C4"] = _evidence(align(df, [("enwik8", W, "broadcast_async"), ("enwik8", W, "bp")], "val_bpb"),
+                           f"gap % Broadcast (async) vs BP, width {W}, {src('enwik8')}", main_src, upper, need=2)
+
+    def gap(m, b):
+        g = _gaps_pct(m, b, s.margin_pct)
+        return mean_ci(g, level_for("C6")), f"per-seed gaps % {_vals(g)}"
+    vals["C6"] = _evidence(align(df, [("tinystories", W, "broadcast_async"), ("tinystories", W, "bp")], "val_bpb"),
+                           f"mean gap % Broadcast (async) vs BP, width {W}, {src('tinystories')}", main_src, gap)
+
+    ws = sorted(df[(df.corpus == "enwik8") & (df.method == "broadcast_async")].width.unique())
     if len(ws) >= 2:
-        lo, hi = _get(main, "enwik8", ws[0], "broadcast_async"), _get(main, "enwik8", ws[-1], "broadcast_async")
-        put("C7", lo["ratio_vs_bp"] - hi["ratio_vs_bp"], f"Broadcast (async) / BP: {lo['ratio_vs_bp']:.3f}x at "
-            f"width {ws[0]}, {hi['ratio_vs_bp']:.3f}x at width {ws[-1]}; joint criterion at those widths: "
-            f"{lo['joint']}, {hi['joint']}", min(lo["n"], hi["n"]))
+        lo, hi = int(ws[0]), int(ws[-1])
+
+        def trend(a_lo, b_lo, a_hi, b_hi):
+            r_lo, r_hi = a_lo / b_lo, a_hi / b_hi
+            return mean_ci(r_lo - r_hi, level_for("C7")), (f"per-seed ratios {_vals(r_lo)} at width {lo}, "
+                                                            f"{_vals(r_hi)} at width {hi}")
+        arms = [("enwik8", lo, "broadcast_async"), ("enwik8", lo, "bp"), ("enwik8", hi, "broadcast_async"),
+                ("enwik8", hi, "bp")]
+        vals["C7"] = _evidence(align(df, arms, "tokens_per_s"),
+                               f"Broadcast (async) / BP tokens per s at width {lo} minus at width {hi}, "
+                               f"{src('enwik8')}", main_src, trend)
     else:
-        put("C7", None, f"only width(s) {ws} at this scale", 0)
-    mech_c, mech_w = s.mechanism_corpora[0], s.mechanism_widths[0]
-    cell = df[(df.corpus == mech_c) & (df.width == mech_w)]
-    a, b, ok, _ = _paired(cell, "broadcast_serial", "rgc_serial", "val_bpb")
-    put("C8", float(np.mean(a - b)) if len(a) else None,
-        f"mean held-out bpb Broadcast (serial) - RGC (serial), per seed {[round(float(x), 5) for x in a - b]}, "
-        f"width {mech_w}, {src(mech_c)}", len(a))
-    a, b, ok, _ = _paired(cell, "rgc_serial", "live_local", "val_bpb")
-    if len(a) >= 2:
+        vals["C7"] = not_measured(f"only width(s) {[int(w) for w in ws]} of Broadcast (async) on enwik8 at this "
+                                  "scale; the trend needs two", sources=main_src)
+
+    mc, mw = s.mechanism_corpora[0], s.mechanism_widths[0]
+    vals["C8"] = _evidence(
+        align(df, [(mc, mw, "broadcast_serial"), (mc, mw, "rgc_serial")], "val_bpb"),
+        f"held-out bits per byte Broadcast (serial) - RGC (serial), width {mw}, {src(mc)}", mech_src,
+        lambda a, b: (paired_difference(a, b, level_for("C8")), f"per-seed differences {_vals(a - b)}"))
+
+    def tost(a, b):
         e = equivalence_tost(a, b, s.equivalence_bpb)
-        put("C9", e["max_abs_ci"], f"RGC (serial) - Live Local: mean {e['mean_diff']:.5f} bpb, 90% CI "
-            f"{e['ci_low']:.5f} to {e['ci_high']:.5f}, equivalent within +-{s.equivalence_bpb}: "
-            f"{e['equivalent']}, width {mech_w}, {src(mech_c)}", e["n"])
-    else:
-        put("C9", None, f"needs >= 2 paired seeds, have {len(a)}", len(a))
-    cell = df[(df.corpus == "enwik8") & (df.width == W)]
-    bp, tm, ok, _ = _paired(cell, "bp", "bp_tm", "tokens_per_s")
-    r = _get(main, "enwik8", W, "broadcast_async") or {}
-    value = _ratio(bp, tm)["ratio"] if len(bp) else None
-    put("C10", value, f"(async Broadcast / thread-matched BP) / (async Broadcast / BP) = BP / thread-matched "
-        f"BP throughput (geometric mean over seeds); vs BP {r.get('ratio_vs_bp', math.nan):.3f}x, vs "
-        f"thread-matched {r.get('ratio_vs_tm', math.nan):.3f}x; threads BP {r.get('threads_bp')}, async and "
-        f"thread-matched BP {r.get('threads_method')}, width {W}, {src('enwik8')}", len(bp))
+        return exact(e["max_abs_ci"], n=e["n"]), (
+            f"mean {e['mean_diff']:.5f} bpb, 90% CI {e['ci_low']:.5f} to {e['ci_high']:.5f}, largest |end| "
+            f"{e['max_abs_ci']:.5f}; equivalent within +-{s.equivalence_bpb}: {e['equivalent']}; per-seed "
+            f"differences {_vals(a - b)}")
+    vals["C9"] = _evidence(align(df, [(mc, mw, "rgc_serial"), (mc, mw, "live_local")], "val_bpb"),
+                           f"TOST of RGC (serial) - Live Local, bits per byte, width {mw}, {src(mc)}", mech_src,
+                           tost, need=2)
+
+    def system(ba, tm, bp):
+        rr = (ba / tm) / (ba / bp)
+        return mean_ci(rr, level_for("C10")), (f"per-seed ratios vs thread-matched BP {_vals(ba / tm)}, vs BP "
+                                               f"{_vals(ba / bp)}, ratio of ratios {_vals(rr)}")
+    vals["C10"] = _evidence(
+        align(df, [("enwik8", W, "broadcast_async"), ("enwik8", W, "bp_tm"), ("enwik8", W, "bp")], "tokens_per_s"),
+        f"(Broadcast (async) / thread-matched BP) / (Broadcast (async) / BP) tokens per s, width {W}, "
+        f"{src('enwik8')}, threads BP {threads('enwik8', W, 'bp')}, thread-matched BP "
+        f"{threads('enwik8', W, 'bp_tm')}, async {threads('enwik8', W, 'broadcast_async')}", main_src, system)
     return {"study": "local", "scale": scale, "values": vals}
 
 
@@ -310,6 +446,7 @@ def _readable_main(main: pd.DataFrame) -> pd.DataFrame:
                f"(imb. {r['imbalance']:.2f})") if np.isfinite(r.get("work_ratio", math.nan)) else ""
         rows.append({
             "corpus": f"{r.corpus} ({r.source})", "width": r.width, "method": LABEL[r.method], "n": r.n,
+            "diverged": r.diverged_seeds,
             "threads (BP/method)": f"{r.threads_bp:g}/{r.threads_method:g}",
             "x BP (95% CI)": _ci(r, "ratio_vs_bp", "ratio_low", "ratio_high"),
             "x thread-matched BP (95% CI)": _ci(r, "ratio_vs_tm", "tm_low", "tm_high"),
@@ -322,7 +459,7 @@ def _readable_main(main: pd.DataFrame) -> pd.DataFrame:
 
 
 def report(paths: list[str], s: LocalSettings, scale: str, out: dict[str, Path]) -> None:
-    df = aggregate(paths)
+    df = aggregate(paths, scale=scale)
     atomic_write_csv(df, out["aggregate"])
     main = main_table(df, s)
     mech = mechanism_table(df, s)
@@ -334,6 +471,9 @@ def report(paths: list[str], s: LocalSettings, scale: str, out: dict[str, Path])
                        f"{t.n_layer} layers, {t.n_stages} stages, {t.steps} steps of {t.batch_size}x{t.block_size} "
                        f"bytes; BP {t.bp_threads} thread(s), async {t.n_stages} processes x "
                        f"{t.threads_per_stage} thread(s), thread-matched BP {t.async_threads} threads",
+                       "n = paired seeds in the statistics; diverged = paired seeds dropped because BP or the "
+                       f"method diverged (their runs are listed in {out['aggregate']}); a diverged seed fails the "
+                       "method's verdict",
                        "ratio = geometric mean of per-seed throughput ratios, low/high = paired 95% CI; "
                        "upper = one-sided 95% upper bound of the mean gap; margin "
                        f"{s.margin_pct}%; joint = non-inferior and CI low > 1",
@@ -342,9 +482,12 @@ def report(paths: list[str], s: LocalSettings, scale: str, out: dict[str, Path])
                        "serial methods run in a separate job: their throughput is not time-paired with BP"])
     atomic_write_csv(_fmt(main), out["main_csv"])  # the CSV keeps every column
     write_table(_fmt(mech), out["mech_csv"], out["mech_md"], title="Study C mechanism: serial local methods",
-                notes=[src_note, "minus_live_local_bpb and its 90% CI (TOST) against Live Local; equivalence "
+                notes=[src_note, "n = finished runs of the method, diverged = its diverged runs (kept out of "
+                       "every mean and interval)",
+                       "minus_live_local_bpb and its 90% CI (TOST) against Live Local; equivalence "
                        f"bound +-{s.equivalence_bpb} bits per byte",
                        f"readout snapshot lag {t.readout_lag} steps, refreshed every {t.snapshot_every}"])
     frontier_figure(main, s, out["frontier"])
     width_figure(main, out["scaling"])
-    atomic_write_json(out["evidence"], claims(df, main, s, scale))
+    tables = {"aggregate": out["aggregate"], "main": out["main_csv"], "mechanism": out["mech_csv"]}
+    atomic_write_json(out["evidence"], claims(df, s, scale, tables))

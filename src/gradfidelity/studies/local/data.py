@@ -5,7 +5,7 @@ so the real download-and-verify code is kept (tested on local fixtures) and the 
 corpus for each: text generated deterministically from a fixed seed with the same surface form (wiki XML pages;
 `<|endoftext|>`-separated children's stories). Every table that uses an embedded corpus labels it `embedded`.
 
-Sources (facts.md, study C):
+Sources (docs/sources.md, section "Study C"):
   enwik8       http://mattmahoney.net/dc/enwik8.zip, 100,000,000 bytes, MD5 a1fa5ffddb56f4953e226637dabbb36a,
                standard split 90M train / 5M val / 5M test.
   TinyStories  roneneldan/TinyStories, TinyStoriesV2-GPT4-train.txt and -valid.txt; stories separated by

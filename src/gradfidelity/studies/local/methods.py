@@ -1,6 +1,7 @@
 """The training methods of study C, run serially in one process (and the pieces the async workers reuse).
 
-Our reading of each method (the paper has no code; facts.md gives the likely meaning; fixed before any result):
+Our reading of each method (the paper has no code; its summary in docs/sources.md, "Study C", gives the likely
+meaning; fixed before any result):
 
 - ``bp`` (global backpropagation): one AdamW over all parameters, one global gradient-norm clip; the loss is the
   cross-entropy of the readout on the last stage's output. ``bp_tm`` is the same run given the async run's whole

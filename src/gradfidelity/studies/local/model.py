@@ -1,8 +1,8 @@
 """Causal pre-norm byte transformer, cut into pipeline stages.
 
-Why this shape: study C (facts.md) trains byte-level (vocab 256) pre-norm decoders of 24 layers at widths
-128/256/384 and splits them into S stages of H layers (S * H = n_layer). Local methods attach a loss to every
-stage, so the pieces a stage needs are separate modules:
+Why this shape: the paper of study C (docs/sources.md, "Study C") trains byte-level (vocab 256) pre-norm decoders
+of 24 layers at widths 128/256/384 and splits them into S stages of H layers (S * H = n_layer). Local methods
+attach a loss to every stage, so the pieces a stage needs are separate modules:
 
     embed   (tokens + learned positions)        -> owned by stage 0
     blocks  (H pre-norm blocks per stage)       -> stage s owns blocks[s*H:(s+1)*H]

@@ -1,28 +1,57 @@
 """Runs -> tables, figures and claim evidence (A5-A9) for the sft_rl study.
 
-Every number comes from the runs' metrics.json, read at the paths plan.py assigns to each table cell. A diverged
-run keeps its row (status column) and makes every claim that needs it `null` with a detail: never a silent mean
-over the survivors.
+Every number comes from the runs' metrics.json, read through the harness loader (`load_run_records`, which
+refuses a run made at another scale) at the paths plan.py assigns to each table cell.
+
+Diverged runs are never averaged away in silence: a table cell gives its mean over the seeds that finished and
+says how many diverged ("diverged (3/3)" when none finished); a claim compares methods seed by seed (same seed =
+same initialisation and data order = one pair), drops the pair of a seed whose run diverged, and records the
+number of diverged runs (`diverged`) and which they were (`detail`).
+
+Claim evidence follows the contract of gradfidelity.claims.evidence (an estimate with an interval over paired
+seeds at the registry's level, n, gates, sources). Every claim carries the gate `reference_learned`: the fixed SFT
+model must beat the best constant-answer predictor of the in-distribution eval set (always answering its most
+frequent answer) by at least GATE_MARGIN points, otherwise the comparisons between methods are comparisons of
+models that learned nothing and no claim is judged.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from gradfidelity.claims.evidence import (
+    exact, gate, level_for, mean_ci, not_measured, paired_difference, weakest, with_parts)
 from gradfidelity.errors import UserError
-from gradfidelity.harness.io import atomic_write_json, read_json
+from gradfidelity.harness.io import atomic_write_json
+from gradfidelity.harness.results import load_run_records
 from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.config import StudyConfig
-from gradfidelity.studies.sft_rl.task import EVAL_SETS
+from gradfidelity.studies.sft_rl.task import EVAL_SETS, make_split
 from gradfidelity.tables import write_table
 
 ACC = [f"acc_{s}" for s in EVAL_SETS] + ["acc_macro"]
 ABLATION = [("both", "no (0.18.9)", "no (per-micro-batch)"), ("agg_bug", "yes (0.19.8)", "no (per-micro-batch)"),
             ("ds_bug", "no (0.18.9)", "yes (global token mean)"), ("fixed", "yes (0.19.8)", "yes (global token mean)")]
+MAIN_TABLE, ABLATION_TABLE = "sft_rl_main.csv", "sft_rl_bug_ablation.csv"
+GATE = "reference_learned"
+GATE_MARGIN = 10.0  # points above the best constant answer the fixed SFT model must reach (in-distribution set)
+CONSTANT = "constant_answer"
+
+
+# ----------------------------------------------------------------------------- loading
+def results_root(runs: list[str | Path]) -> Path:
+    """results/sft_rl/<model>/<variant>/<method>/seed<k>/metrics.json -> results/sft_rl (one root for all)."""
+    roots = {Path(r).parents[4] for r in runs}
+    if len(roots) != 1:
+        raise UserError(f"--runs must come from one results directory, got {sorted(map(str, roots))}")
+    return roots.pop()
 
 
 def _cell(rec: dict, method: str) -> dict:
@@ -30,61 +59,133 @@ def _cell(rec: dict, method: str) -> dict:
     if rec["status"] != "ok":
         return {"status": rec["status"]}
     m = rec["metrics"]
-    if method == "sft_then_rl_truncated":
-        t = m["truncated"]
-        return {"status": "ok", **{k: t[k] for k in ACC}, "flops": t["flops"], "rl_steps": t["rl_steps"]}
-    return {"status": "ok", **{k: m[k] for k in ACC}, "flops": m["flops"],
-            "reward_history": m.get("reward_history"), "loss_history": m.get("loss_history")}
+    try:
+        if method == "sft_then_rl_truncated":
+            t = m["truncated"]
+            return {"status": "ok", **{k: float(t[k]) for k in ACC}, "flops": float(t["flops"]),
+                    "rl_steps": t["rl_steps"]}
+        return {"status": "ok", **{k: float(m[k]) for k in ACC}, "flops": float(m["flops"]),
+                "reward_history": m.get("reward_history"), "loss_history": m.get("loss_history")}
+    except KeyError as exc:
+        raise UserError(f"{rec['path']}: metrics lack {exc} (needed by the {method} cell)") from None
 
 
-def collect(cfg: StudyConfig, root: Path) -> pd.DataFrame:
-    """One row per (model, variant, method, seed) cell, for the table variants and, for SFT, every variant."""
+def collect(cfg: StudyConfig, records: list[dict], root: str | Path) -> pd.DataFrame:
+    """One row per (model, variant, method, seed) cell, for the table variants and, for SFT, every variant.
+
+    `records` are the runs as `load_run_records` returns them; every cell must find its run among them."""
+    by_path = {os.path.normpath(r["path"]): r for r in records}
     raw, rows = cfg.raw, []
     for model in (m.name for m in cfg.models):
         for seed in cfg.seeds:
             cells = [(v, m) for v in plan.table_variants(raw) for m in cfg.methods]
             cells += [(v, "sft") for v in cfg.variants if v not in plan.TABLE_VARIANTS and "sft" in cfg.methods]
             for variant, method in cells:
-                d = Path(plan.cell_dir(raw, str(root), model, variant, method, seed))
-                path = d / "metrics.json"
-                if not path.exists():
-                    raise UserError(f"{path}: missing run (rerun the sft_rl rules)")
+                d = plan.cell_dir(raw, str(root), model, variant, method, seed)
+                path = os.path.normpath(f"{d}/metrics.json")
+                rec = by_path.get(path)
+                if rec is None:
+                    raise UserError(f"{path}: missing run (not among the aggregated runs; rerun the sft_rl rules)")
+                if rec.get("seed") is not None and int(rec["seed"]) != int(seed):
+                    raise UserError(f"{path}: metrics.json says seed {rec['seed']}, its directory seed{seed}")
                 rows.append({"model": model, "variant": variant, "method": method, "seed": seed,
-                             "run": str(d), **_cell(read_json(path), method)})
+                             "run": os.path.normpath(d), **_cell(rec, method)})
     return pd.DataFrame(rows)
 
 
-def _fmt(mean: float, sd: float) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "diverged"
-    return f"{mean:.1f} ± {sd:.1f}" if not math.isnan(sd) else f"{mean:.1f}"
+# ----------------------------------------------------------------------------- constant-answer baseline
+def constant_baseline(cfg: StudyConfig) -> dict:
+    """Accuracy (points) of the best constant answer per eval set: always answering the set's most frequent
+    answer. The reference a model must clearly beat before its scores say anything about training.
+
+    {"sets": {set: {"answer", "acc", "n"}}, "acc_macro": float} or {"error": why} when the eval data cannot be
+    read (paper-scale data absent here)."""
+    try:
+        if cfg.data.source == "arithmetic":
+            problems = {s: make_split(cfg.task, s) for s in EVAL_SETS}
+            norm = str
+        else:
+            from gradfidelity.studies.sft_rl import paper
+
+            problems = paper.eval_problems(cfg.data)
+            norm = lambda s: s.replace("$", "").replace(" ", "")  # noqa: E731  (the checker's normalisation)
+    except (UserError, OSError, ValueError, ImportError) as exc:
+        return {"error": f"eval data unavailable ({exc})"}
+    sets = {}
+    for s in EVAL_SETS:
+        answers = Counter(norm(p.answer) for p in problems[s])
+        answer, count = answers.most_common(1)[0]
+        sets[s] = {"answer": answer, "acc": 100.0 * count / len(problems[s]), "n": len(problems[s])}
+    return {"sets": sets, "acc_macro": float(np.mean([sets[s]["acc"] for s in EVAL_SETS]))}
+
+
+def reference_gate(df: pd.DataFrame, model: str, baseline: dict) -> tuple[dict, list[str]]:
+    """The `reference_learned` gate on `model` and the runs it reads."""
+    g = df[(df.model == model) & (df.variant == "fixed") & (df.method == "sft")]
+    runs = list(dict.fromkeys(g.run))
+    if "error" in baseline:
+        return gate(GATE, False, f"no constant-answer baseline: {baseline['error']}"), runs
+    base = baseline["sets"]["id"]
+    ok = g[g.status == "ok"]
+    if len(ok) == 0:
+        why = "no fixed SFT run" if len(g) == 0 else f"all {len(g)} fixed SFT runs diverged"
+        return gate(GATE, False, f"{why}: cannot show the reference model learned the task"), runs
+    acc = float(ok["acc_id"].astype(float).mean())
+    need = base["acc"] + GATE_MARGIN
+    div = f", {len(g) - len(ok)} diverged" if len(ok) < len(g) else ""
+    reason = (f"fixed SFT in-distribution accuracy {acc:.1f} (mean of {len(ok)} seeds{div}) vs constant answer "
+              f"'{base['answer']}' {base['acc']:.1f} + {GATE_MARGIN:g} = {need:.1f}")
+    return gate(GATE, acc >= need, reason), runs
+
+
+# ----------------------------------------------------------------------------- tables
+def _fmt(mean: float, sd: float, n: int, n_div: int, digits: int = 1) -> str:
+    if n_div >= n:
+        return f"diverged ({n_div}/{n})"
+    s = f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if not math.isnan(sd) else "")
+    return s + (f" ({n_div}/{n} diverged)" if n_div else "")
 
 
 def summarise(df: pd.DataFrame) -> pd.DataFrame:
-    """mean and sd over seeds per (model, variant, method); a cell with any diverged seed has no mean."""
+    """Mean and sd over the finished seeds per (model, variant, method), with the number of diverged seeds."""
     out = []
     for (model, variant, method), g in df.groupby(["model", "variant", "method"], sort=False):
         ok = g[g.status == "ok"]
         row = {"model": model, "variant": variant, "method": method, "n_seeds": len(g),
                "n_diverged": int((g.status != "ok").sum()), "run_variant": Path(g.run.iloc[0]).parts[-3]}
         for k in ACC + ["flops"]:
-            vals = ok[k].astype(float).to_numpy() if len(ok) == len(g) else np.array([])
+            vals = ok[k].astype(float).to_numpy() if len(ok) else np.array([])
             row[f"{k}_mean"] = float(vals.mean()) if len(vals) else math.nan
             row[f"{k}_sd"] = float(vals.std(ddof=1)) if len(vals) > 1 else math.nan
         out.append(row)
     return pd.DataFrame(out)
 
 
-def main_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path) -> pd.DataFrame:
+def main_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path, baseline: dict) -> pd.DataFrame:
     s = summary[summary.variant.isin(plan.TABLE_VARIANTS)].copy()
     order = {m: i for i, m in enumerate(cfg.methods)}
     s = s.sort_values(["model", "variant", "method"], key=lambda c: c.map(order) if c.name == "method" else c)
     md = s[["model", "variant", "method", "n_seeds", "n_diverged", "run_variant"]].copy()
     for k in ACC:
-        md[k.replace("acc_", "")] = [_fmt(a, b) for a, b in zip(s[f"{k}_mean"], s[f"{k}_sd"], strict=True)]
-    md["PFLOPs"] = [f"{x / 1e15:.4g}" for x in s["flops_mean"]]
+        md[k.replace("acc_", "")] = [_fmt(a, b, n, d) for a, b, n, d in
+                                     zip(s[f"{k}_mean"], s[f"{k}_sd"], s.n_seeds, s.n_diverged, strict=True)]
+    md["PFLOPs"] = [f"diverged ({d}/{n})" if d >= n else f"{x / 1e15:.4g}"
+                    for x, n, d in zip(s["flops_mean"], s.n_seeds, s.n_diverged, strict=True)]
+    md = md.astype({"n_seeds": object, "n_diverged": object})
+    if "error" in baseline:
+        base_note = f"constant_answer: not computed ({baseline['error']})."
+    else:
+        const = [{"model": "(any)", "variant": "-", "method": CONSTANT, "n_seeds": "-", "n_diverged": "-",
+                  "run_variant": "-", **{x: f"{baseline['sets'][x]['acc']:.1f}" for x in EVAL_SETS},
+                  "macro": f"{baseline['acc_macro']:.1f}", "PFLOPs": "0"}]
+        md = pd.concat([md, pd.DataFrame(const)], ignore_index=True)
+        answers = ", ".join(f"{x} '{baseline['sets'][x]['answer']}'" for x in EVAL_SETS)
+        base_note = (f"constant_answer: always the most frequent answer of each eval set ({answers}), the best any "
+                     f"constant predictor can score; every claim is gated on fixed SFT reaching the `id` value + "
+                     f"{GATE_MARGIN:g} points (`{GATE}`).")
     notes = [
-        "Accuracy in points (exact match, greedy decoding), mean ± sd over seeds; macro = mean of id, long, ood.",
+        "Accuracy in points (exact match, greedy decoding), mean ± sd over the seeds that finished; a cell with "
+        "diverged seeds says how many ('diverged (k/n)' when none finished); macro = mean of id, long, ood.",
         "`fixed`: deepspeed 0.19.8 + global token mean; `both`: deepspeed 0.18.9 (CPU-offload accumulation bug) + "
         "per-micro-batch token mean, applied to the stages in `bug_stages` "
         f"({', '.join(cfg.bug_stages)}); run_variant says which runs a cell reads (a cell whose stages all run "
@@ -93,12 +194,13 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path) -> pd.Data
         "for SFT-then-RL; the base model's pretraining is common to all methods and not counted.",
         f"sft_then_rl_truncated: the sft_then_rl run evaluated after {cfg.truncated_steps} of {cfg.rl.steps} RL "
         "steps (the paper's 50-step fraction).",
+        base_note,
     ]
-    write_table(md, tables / "sft_rl_main.csv", title="SFT-then-RL vs mixed-policy methods (sft_rl)", notes=notes)
+    write_table(md, tables / MAIN_TABLE, title="SFT-then-RL vs mixed-policy methods (sft_rl)", notes=notes)
     return s
 
 
-def ablation_table(summary: pd.DataFrame, df: pd.DataFrame, cfg: StudyConfig, tables: Path) -> pd.DataFrame:
+def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path) -> pd.DataFrame:
     rows = []
     for model in summary.model.unique():
         sft = summary[(summary.model == model) & (summary.method == "sft")].set_index("variant")
@@ -107,89 +209,214 @@ def ablation_table(summary: pd.DataFrame, df: pd.DataFrame, cfg: StudyConfig, ta
             if variant not in sft.index:
                 continue
             r = sft.loc[variant]
+            diff = r.acc_macro_mean - fixed
             rows.append({"model": model, "variant": variant, "optimizer_bug_fixed": ds_fixed,
                          "aggregation_bug_fixed": agg_fixed, "n_seeds": int(r.n_seeds),
                          "n_diverged": int(r.n_diverged),
-                         "sft_macro": _fmt(r.acc_macro_mean, r.acc_macro_sd),
-                         "minus_fixed": f"{r.acc_macro_mean - fixed:+.1f}",
-                         **{k.replace("acc_", ""): _fmt(r[f"{k}_mean"], r[f"{k}_sd"]) for k in ACC[:-1]}})
+                         "sft_macro": _fmt(r.acc_macro_mean, r.acc_macro_sd, r.n_seeds, r.n_diverged),
+                         "minus_fixed": "n/a (diverged)" if math.isnan(diff) else f"{diff:+.1f}",
+                         **{k.replace("acc_", ""): _fmt(r[f"{k}_mean"], r[f"{k}_sd"], r.n_seeds, r.n_diverged)
+                            for k in ACC[:-1]}})
     out = pd.DataFrame(rows)
-    write_table(out, tables / "sft_rl_bug_ablation.csv", title="SFT score as each bug is fixed (sft_rl)", notes=[
+    write_table(out, tables / ABLATION_TABLE, title="SFT score as each bug is fixed (sft_rl)", notes=[
         f"SFT with TRL SFTTrainer on DeepSpeed ZeRO-{cfg.deepspeed.zero_stage} + CPU optimizer offload, micro-batch "
         f"{cfg.sft.micro_batch_size}, GA {cfg.sft.grad_accum} (LUFFY's SFT recipe); macro accuracy in points, mean "
-        "± sd over seeds; minus_fixed = variant mean - fixed mean."])
+        "± sd over the seeds that finished (diverged seeds counted in n_diverged and in each cell); minus_fixed = "
+        "variant mean - fixed mean (the claims pair seeds instead)."])
     return out
 
 
 # ----------------------------------------------------------------------------- claims
-def _mean(df, model, variant, method, key="acc_macro"):
+@dataclass
+class Arm:
+    """One (variant, method) cell of one model across seeds: values of the finished runs by seed."""
+
+    label: str
+    values: dict[int, float] = field(default_factory=dict)
+    runs: dict[int, str] = field(default_factory=dict)
+    diverged: dict[int, str] = field(default_factory=dict)
+
+
+def _arm(df: pd.DataFrame, model: str, variant: str, method: str, key: str = "acc_macro") -> Arm:
     g = df[(df.model == model) & (df.variant == variant) & (df.method == method)]
-    if len(g) == 0:
-        return None, f"no {method}/{variant} runs"
-    if (g.status != "ok").any():
-        return None, f"{method}/{variant}: {int((g.status != 'ok').sum())} of {len(g)} seeds diverged"
-    return float(g[key].astype(float).mean()), ""
+    arm = Arm(f"{variant}/{method}")
+    for r in g.itertuples():
+        arm.runs[int(r.seed)] = r.run
+        if r.status == "ok":
+            arm.values[int(r.seed)] = float(getattr(r, key))
+        else:
+            arm.diverged[int(r.seed)] = r.run
+    return arm
 
 
-def claims(df: pd.DataFrame, cfg: StudyConfig, scale: str) -> dict:
-    """Measured values on the first configured model (the paper's headline model); with several models the
-    others' values are appended to each detail."""
-    out = _claims_for(df, cfg, cfg.models[0].name)
-    for m in cfg.models[1:]:
-        other = _claims_for(df, cfg, m.name)
-        for cid, v in other.items():
-            out[cid]["detail"] += f"; {m.name}: measured {v['measured']}"
-    return {"study": "sft_rl", "scale": scale, "values": out}
+@dataclass
+class Paired:
+    seeds: list[int]
+    values: list[np.ndarray]
+    diverged: int
+    note: str
+    sources: list[str]
 
 
-def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str) -> dict:
-    n = len(cfg.seeds)
+def _pair(*arms: Arm) -> Paired:
+    """The seeds every arm finished, the arms' values on them, and what diverged (never dropped silently)."""
+    seeds = sorted(set.intersection(*(set(a.values) for a in arms)))
+    bad = {}
+    for a in arms:
+        for s, run in a.diverged.items():
+            bad.setdefault(run, f"{a.label} seed{s}")
+    dropped = sorted(set().union(*(set(a.runs) for a in arms)) - set(seeds))
+    note = ""
+    if bad:
+        note = (f"{len(bad)} diverged run(s) ({', '.join(bad.values())}): seed(s) "
+                f"{', '.join(map(str, dropped))} dropped from the pairing")
+    sources = list(dict.fromkeys(run for a in arms for run in a.runs.values()))
+    return Paired(seeds, [np.array([a.values[s] for s in seeds]) for a in arms], len(bad), note, sources)
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _missing(*arms: Arm) -> str:
+    return _join(*(f"no {a.label} runs (method or variant not configured)" for a in arms if not a.runs))
+
+
+def _difference(cid: str, a: Arm, b: Arm, what: str, *, gates, sources) -> dict:
+    """Paired difference a - b over seeds (points) at the registry's level for `cid`."""
+    if _missing(a, b):
+        return not_measured(_missing(a, b), gates=gates, sources=sources)
+    p = _pair(a, b)
+    detail = _join(f"{what}, paired over seeds {p.seeds}: {a.label} mean "
+                   f"{p.values[0].mean() if p.seeds else math.nan:.2f} - {b.label} mean "
+                   f"{p.values[1].mean() if p.seeds else math.nan:.2f}", p.note)
+    if not p.seeds:
+        return not_measured(_join("no seed with both runs finished", detail), gates=gates,
+                            sources=p.sources + sources, diverged=p.diverged)
+    return paired_difference(p.values[0], p.values[1], level_for(cid), detail=detail, gates=gates,
+                             sources=p.sources + sources, diverged=p.diverged)
+
+
+def _best_mixed(df: pd.DataFrame, cfg: StudyConfig, model: str, variant: str) -> tuple[Arm | None, str]:
+    """The mixed-policy method with the highest mean macro accuracy over its finished seeds (and the detail)."""
+    arms = [_arm(df, model, variant, m) for m in cfg.methods if m in plan.MIXED]
+    if not arms:
+        return None, "no mixed-policy method configured"
+    means = {a.label: float(np.mean(list(a.values.values()))) for a in arms if a.values}
+    dead = [f"{a.label} (all {len(a.runs)} seeds diverged)" for a in arms if not a.values]
+    if not means:
+        return None, "every mixed-policy run diverged: " + ", ".join(dead)
+    best = max(arms, key=lambda a: means.get(a.label, -math.inf))
+    detail = ("best mixed-policy method by mean macro accuracy: " + best.label + " (means: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in means.items()) + ")"
+              + (f"; not eligible: {', '.join(dead)}" if dead else ""))
+    return best, detail
+
+
+def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, tables: Path) -> dict:
+    g, gate_runs = reference_gate(df, model, baseline)
+    gates = [g]
+    main = [str(tables / MAIN_TABLE), str(tables / MAIN_TABLE.replace(".csv", ".md"))]
+    abl = [str(tables / ABLATION_TABLE), str(tables / ABLATION_TABLE.replace(".csv", ".md"))]
+    src_main, src_abl = gate_runs + main, gate_runs + abl
     vals: dict = {}
 
-    def put(cid, measured, detail):
-        vals[cid] = {"measured": measured, "detail": f"{model}: {detail}", "n": n}
+    fixed, ds_bug, agg_bug = (_arm(df, model, v, "sft") for v in ("fixed", "ds_bug", "agg_bug"))
+    vals["A5"] = _difference("A5", fixed, ds_bug, "SFT macro accuracy, fixed minus ds_bug", gates=gates,
+                             sources=src_abl)
 
-    f, e1 = _mean(df, model, "fixed", "sft")
-    d, e2 = _mean(df, model, "ds_bug", "sft")
-    a, e3 = _mean(df, model, "agg_bug", "sft")
-    if f is not None and d is not None:
-        put("A5", f - d, f"SFT macro fixed {f:.2f} - ds_bug {d:.2f}")
+    if _missing(fixed, ds_bug, agg_bug):
+        vals["A6"] = not_measured(_missing(fixed, ds_bug, agg_bug), gates=gates, sources=src_abl)
     else:
-        put("A5", None, e1 or e2)
-    if None not in (f, d, a):
-        put("A6", (f - a) - (f - d), f"(fixed - agg_bug) {f - a:+.2f} minus (fixed - ds_bug) {f - d:+.2f}")
-    else:
-        put("A6", None, e1 or e2 or e3)
+        p = _pair(fixed, ds_bug, agg_bug)
+        f, d, a = p.values
+        detail = _join(f"per seed (fixed - agg_bug) - (fixed - ds_bug), paired over seeds {p.seeds}: "
+                       f"(fixed - agg_bug) {np.mean(f - a) if p.seeds else math.nan:+.2f}, "
+                       f"(fixed - ds_bug) {np.mean(f - d) if p.seeds else math.nan:+.2f}", p.note)
+        vals["A6"] = mean_ci((f - a) - (f - d), level_for("A6"), detail=detail, gates=gates,
+                             sources=p.sources + src_abl, diverged=p.diverged)
 
-    def best_mixed(variant):
-        best, err = None, ""
-        for m in (x for x in cfg.methods if x in plan.MIXED):
-            v, e = _mean(df, model, variant, m)
-            if v is None:
-                return None, e
-            if best is None or v > best[1]:
-                best = (m, v)
-        return best, err or ("" if best else "no mixed-policy method configured")
-
-    for cid, variant in (("A7", "fixed"), ("A8", "both")):
-        s, e = _mean(df, model, variant, "sft_then_rl")
-        b, eb = best_mixed(variant)
-        if s is None or b is None:
-            put(cid, None, e or eb)
-        elif cid == "A7":
-            put(cid, s - b[1], f"fixed: sft_then_rl {s:.2f} - best mixed ({b[0]}) {b[1]:.2f}")
+    # A7: SFT-then-RL against every mixed-policy method, one paired part each (the registry's parts)
+    s_fixed = _arm(df, model, "fixed", "sft_then_rl")
+    parts = {}
+    for m in plan.MIXED:
+        if m not in cfg.methods:
+            parts[f"vs_{m}"] = not_measured(f"{m} not in sft_rl.methods", sources=main)
         else:
-            put(cid, b[1] - s, f"both: best mixed ({b[0]}) {b[1]:.2f} - sft_then_rl {s:.2f}")
-    t, et = _mean(df, model, "fixed", "sft_then_rl_truncated")
-    tf, _ = _mean(df, model, "fixed", "sft_then_rl_truncated", "flops")
-    b, eb = best_mixed("fixed")
-    if t is None or b is None:
-        put("A9", None, et or eb)
+            parts[f"vs_{m}"] = _difference("A7", s_fixed, _arm(df, model, "fixed", m),
+                                           f"fixed: sft_then_rl minus {m}", gates=[], sources=main)
+    vals["A7"] = _with_parts(parts, weakest(parts)["detail"], gates, src_main)
+
+    # A8: under both bugs, the best mixed-policy method minus SFT-then-RL, per seed
+    best, why = _best_mixed(df, cfg, model, "both")
+    s_both = _arm(df, model, "both", "sft_then_rl")
+    if best is None:
+        vals["A8"] = not_measured(why, gates=gates, sources=src_main)
     else:
-        bf, _ = _mean(df, model, "fixed", b[0], "flops")
-        put("A9", bool(t > b[1] and tf < bf),
-            f"truncated {t:.2f} at {tf:.3g} FLOPs vs best mixed ({b[0]}) {b[1]:.2f} at {bf:.3g} FLOPs")
+        rec = _difference("A8", best, s_both, "both: best mixed minus sft_then_rl", gates=gates, sources=src_main)
+        vals["A8"] = dict(rec, detail=_join(rec["detail"], why))
+
+    # A9: truncated SFT-then-RL against the best mixed-policy method: accuracy (paired) and FLOPs ratio (exact)
+    best, why = _best_mixed(df, cfg, model, "fixed")
+    trunc = _arm(df, model, "fixed", "sft_then_rl_truncated")
+    if best is None or _missing(trunc):
+        miss = why if best is None else _missing(trunc)
+        parts = {"accuracy": not_measured(miss, sources=main), "flops": not_measured(miss, sources=main)}
+    else:
+        acc = _difference("A9", trunc, best, "fixed: truncated sft_then_rl minus best mixed", gates=[],
+                          sources=main)
+        method = best.label.split("/")[1]
+        tf, bf = _arm(df, model, "fixed", "sft_then_rl_truncated", "flops"), _arm(df, model, "fixed", method, "flops")
+        p = _pair(tf, bf)
+        if not p.seeds:
+            flops = not_measured(_join("no seed with both runs finished", p.note), sources=p.sources + main,
+                                 diverged=p.diverged)
+        elif (p.values[0] <= 0).any() or (p.values[1] <= 0).any():
+            flops = not_measured("non-positive FLOPs recorded", sources=p.sources + main)
+        else:
+            ratios = p.values[0] / p.values[1]
+            flops = exact(float(ratios.max()), n=len(ratios), sources=p.sources + main, detail=_join(
+                f"largest per-seed ratio truncated sft_then_rl FLOPs / {method} FLOPs over seeds {p.seeds} "
+                f"(FLOPs are counted, not sampled; every run must hold): per seed "
+                + ", ".join(f"{r:.4g}" for r in ratios), p.note))
+            if p.diverged:
+                flops["diverged"] = p.diverged
+        parts = {"accuracy": dict(acc, detail=_join(acc["detail"], why)), "flops": flops}
+    vals["A9"] = _with_parts(parts, _join(*(f"{k}: {v['detail']}" for k, v in parts.items())), gates, src_main)
+
+    for v in vals.values():
+        v["detail"] = f"{model}: {v['detail']}"
+        v["sources"] = list(dict.fromkeys(v["sources"]))
     return vals
+
+
+def _with_parts(parts: dict, detail: str, gates: list, sources: list[str]) -> dict:
+    rec = with_parts(parts, detail=detail, gates=gates,
+                     sources=[s for p in parts.values() for s in p["sources"]] + sources)
+    div = sum(p.get("diverged", 0) for p in parts.values())
+    if div:
+        rec["diverged"] = div
+    return rec
+
+
+def _summary(rec: dict) -> str:
+    if rec.get("parts"):
+        return ", ".join(f"{k} {_summary(v)}" for k, v in rec["parts"].items())
+    if rec["estimate"] is None:
+        return "not measured"
+    if rec.get("low") is None or rec.get("exact"):
+        return f"{rec['estimate']:.4g} (n={rec['n']})"
+    return f"{rec['estimate']:.4g} [{rec['low']:.4g}, {rec['high']:.4g}] (n={rec['n']})"
+
+
+def claims(df: pd.DataFrame, cfg: StudyConfig, scale: str, baseline: dict, tables: Path) -> dict:
+    """Evidence records on the first configured model (the paper's headline model); with several models the
+    others' estimates are appended to each detail (they are not judged)."""
+    out = _claims_for(df, cfg, cfg.models[0].name, baseline, tables)
+    for m in cfg.models[1:]:
+        for cid, v in _claims_for(df, cfg, m.name, baseline, tables).items():
+            out[cid]["detail"] += f"; other model {m.name}: {_summary(v)}"
+    return {"study": "sft_rl", "scale": scale, "values": out}
 
 
 # ----------------------------------------------------------------------------- figures
@@ -205,21 +432,23 @@ def figures(df: pd.DataFrame, summary: pd.DataFrame, cfg: StudyConfig, figdir: P
         if math.isnan(r.acc_macro_mean):
             continue
         filled = r.variant == "fixed"
+        div = f", {r.n_diverged} diverged" if r.n_diverged else ""
         ax.errorbar(r.flops_mean, r.acc_macro_mean, yerr=0 if math.isnan(r.acc_macro_sd) else r.acc_macro_sd,
                     fmt="o" if filled else "s", color=colors[r.method], mfc=colors[r.method] if filled else "none",
-                    label=f"{r.method} ({r.variant})", capsize=2)
+                    label=f"{r.method} ({r.variant}{div})", capsize=2)
     ax.set_xscale("log")
     ax.legend(fontsize=6, ncol=2)
     style_axes(ax, f"score vs compute ({model})", "post-training FLOPs", "macro accuracy (points)")
     save_figure(fig, figdir / "sft_rl_score_vs_flops.png",
-                caption="Filled: fixed infrastructure; hollow: both bugs. Mean ± sd over seeds.")
+                caption="Filled: fixed infrastructure; hollow: both bugs. Mean ± sd over the seeds that finished "
+                        "(the legend counts diverged seeds; a cell with none finished is not drawn).")
 
     fig, axes = new_figure(ncols=2, width=4.5, height=3.4)
     ax_r, ax_l = axes[0]
     for method in (m for m in cfg.methods if m in plan.RL_STAGE):
         for variant, ls in (("fixed", "-"), ("both", "--")):
             g = df[(df.model == model) & (df.variant == variant) & (df.method == method) & (df.status == "ok")]
-            curves = [c for c in g.reward_history if isinstance(c, list) and c]
+            curves = [c for c in g.get("reward_history", []) if isinstance(c, list) and c]
             if not curves:
                 continue
             n = min(len(c) for c in curves)
@@ -229,7 +458,7 @@ def figures(df: pd.DataFrame, summary: pd.DataFrame, cfg: StudyConfig, figdir: P
     style_axes(ax_r, "RL training reward", "RL step", "mean reward of rollouts")
     for i, variant in enumerate(cfg.variants):
         g = df[(df.model == model) & (df.variant == variant) & (df.method == "sft") & (df.status == "ok")]
-        curves = [c for c in g.loss_history if isinstance(c, list) and c]
+        curves = [c for c in g.get("loss_history", []) if isinstance(c, list) and c]
         if curves:
             n = min(len(c) for c in curves)
             ax_l.plot(np.arange(1, n + 1), np.mean([c[:n] for c in curves], axis=0), color=f"C{i}", label=variant)
@@ -238,15 +467,18 @@ def figures(df: pd.DataFrame, summary: pd.DataFrame, cfg: StudyConfig, figdir: P
     save_figure(fig, figdir / "sft_rl_reward_curves.png",
                 caption="Left: training reward (fixed solid, both bugs dashed; runs shared between the two variants "
                         "overlap). Right: SFT loss per infrastructure variant (as logged, so the per-micro-batch "
-                        "mean variants log a differently normalised loss).")
+                        "mean variants log a differently normalised loss). Diverged runs are left out.")
 
 
-def aggregate(cfg: StudyConfig, root: Path, scale: str, tables: Path, figdir: Path, evidence: Path) -> None:
-    df = collect(cfg, root)
+def aggregate(cfg: StudyConfig, runs: list[str | Path], scale: str, tables: Path, figdir: Path,
+              evidence: Path) -> None:
+    records = load_run_records(runs, scale=scale)
+    df = collect(cfg, records, results_root(runs))
     summary = summarise(df)
+    baseline = constant_baseline(cfg)
     tables.mkdir(parents=True, exist_ok=True)
     figdir.mkdir(parents=True, exist_ok=True)
-    main_table(summary, cfg, tables)
-    ablation_table(summary, df, cfg, tables)
+    main_table(summary, cfg, tables, baseline)
+    ablation_table(summary, cfg, tables)
     figures(df, summary, cfg, figdir)
-    atomic_write_json(evidence, claims(df, cfg, scale))
+    atomic_write_json(evidence, claims(df, cfg, scale, baseline, tables))

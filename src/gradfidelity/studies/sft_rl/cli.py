@@ -44,11 +44,7 @@ def _rl(args) -> int:
 def _aggregate(args) -> int:
     from gradfidelity.studies.sft_rl.aggregate import aggregate
 
-    # results/sft_rl/<model>/<variant>/<method>/seed<k>/metrics.json -> results/sft_rl
-    roots = {Path(r).parents[4] for r in args.runs}
-    if len(roots) != 1:
-        raise UserError(f"--runs must come from one results directory, got {sorted(map(str, roots))}")
-    aggregate(_cfg(args), roots.pop(), args.scale, Path(args.tables), Path(args.figures), Path(args.evidence))
+    aggregate(_cfg(args), args.runs, args.scale, Path(args.tables), Path(args.figures), Path(args.evidence))
     return 0
 
 
@@ -87,7 +83,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("sft-rl-aggregate", help="sft_rl: tables, figures and claim evidence from the runs")
     p.add_argument("--cfg", required=True)
-    p.add_argument("--runs", nargs="+", required=True, help="every run's metrics.json (from plan.planned_runs)")
+    p.add_argument("--runs", nargs="+", required=True, help="every run's metrics.json (from plan.planned_runs), all under one results directory")
     p.add_argument("--scale", required=True)
     p.add_argument("--tables", required=True, help="paper_tables directory")
     p.add_argument("--figures", required=True, help="figures directory")

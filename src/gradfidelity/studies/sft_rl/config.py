@@ -39,7 +39,7 @@ class PretrainConfig:
 class SFTConfig:
     steps: int = 100              # optimizer steps
     micro_batch_size: int = 1     # LUFFY's SFT recipe: micro batch 1 ...
-    grad_accum: int = 8           # ... and GA 8 (train batch 64 on 8 GPUs), facts.md A.1
+    grad_accum: int = 8           # ... and GA 8 (train batch 64 on 8 GPUs), docs/sources.md, Study A
     lr: float = 1e-3
     warmup_ratio: float = 0.05
     max_grad_norm: float = 1.0
@@ -147,5 +147,5 @@ class StudyConfig:
 def stage_variant(cfg: StudyConfig, variant: str, stage: str) -> str:
     """The infrastructure a stage of a `variant` cell runs on: the bugs hit only the stages in `bug_stages`
     (default: SFT, where the published baselines were damaged: LUFFY's SFT baseline ran OpenRLHF + DeepSpeed,
-    facts.md A.1); other stages run `fixed`."""
+    see docs/sources.md, Study A); other stages run `fixed`."""
     return plan.stage_variant({"bug_stages": list(cfg.bug_stages)}, variant, stage)

@@ -1,8 +1,8 @@
 """Infrastructure variants: which DeepSpeed and which loss aggregation a training stage runs on.
 
     fixed    deepspeed 0.19.x (PR #7967 in), global token mean over the accumulation window
-    ds_bug   deepspeed 0.18.9 (the CPU-offload accumulation bug, facts.md A.1), global token mean
-    agg_bug  deepspeed 0.19.x, per-micro-batch token mean scaled by 1/GA (OpenRLHF before its fix, A.2)
+    ds_bug   deepspeed 0.18.9 (the CPU-offload accumulation bug; docs/sources.md, Study A), global token mean
+    agg_bug  deepspeed 0.19.x, per-micro-batch token mean scaled by 1/GA (OpenRLHF before its fix)
     both     deepspeed 0.18.9 and the per-micro-batch mean
 
 Every variant runs the same ZeRO-2 + CPU optimizer offload engine through the Trainer's DeepSpeed integration
@@ -80,7 +80,7 @@ def ds_config(cfg: DeepSpeedConfig, lr: float, weight_decay: float) -> dict | No
         "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
         "train_batch_size": "auto", "gradient_clipping": "auto",
         "zero_optimization": zero, "bf16": {"enabled": False}, "fp16": {"enabled": False},
-        # a client optimizer (torch AdamW) together with offload needs both of these (facts.md A.1)
+        # a client optimizer (torch AdamW) together with offload needs both of these (DeepSpeed refuses it otherwise)
         "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10**9, "wall_clock_breakdown": False,
     }

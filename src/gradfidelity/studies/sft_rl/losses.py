@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 
-# ----------------------------------------------------------------------------- aggregation (facts.md A.2)
+# ----------------------------------------------------------------------------- aggregation (docs/sources.md, Study A)
 def global_token_mean(per_token: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
     """The fixed objective: sum of every counted token's loss over the whole accumulation window / their number."""
     total = sum((l * m).sum() for l, m in zip(per_token, masks, strict=True))

@@ -5,7 +5,7 @@ The field names differ between releases, so they are config keys (`data.fields`)
 problem becomes the same `Problem` record as the arithmetic task (prompt, solution, answer), so the trainers,
 the evaluation and the tables do not know which task they run. Benchmarks are grouped into the study's three
 evaluation sets: `id` (MATH-500, Minerva, OlympiadBench, AMC: the math suite), `long` (AIME24, AIME25: the
-hardest math), `ood` (ARC-c, GPQA-diamond, MMLU-Pro), as in LUFFY's evaluation suite (facts.md A.3).
+hardest math), `ood` (ARC-c, GPQA-diamond, MMLU-Pro), as in LUFFY's evaluation suite (docs/sources.md, Study A).
 
 Answer checking: the last \\boxed{...} of the completion against the reference answer after whitespace and
 `$` stripping. LUFFY's own evaluation uses math_verify (symbolic equivalence), which is not installed here;

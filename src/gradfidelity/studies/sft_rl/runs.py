@@ -244,7 +244,7 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
 
     The whole generation batch is one micro-batch (GA 1), so on the RL stage TRL's `bnpo` (the per-micro-batch
     mean, used when `agg_bug` reaches this stage through bug_stages) equals `dapo`; the aggregation bug bites
-    where GA > 1, i.e. in SFT. The DeepSpeed bug needs GA >= 3 as well (facts.md A.1)."""
+    where GA > 1, i.e. in SFT. The DeepSpeed bug needs GA >= 3 as well (docs/sources.md, Study A)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
