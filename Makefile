@@ -20,7 +20,7 @@ export XDG_CACHE_HOME := $(CURDIR)/.cache/xdg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DS_ACCELERATOR := cpu
 
-.PHONY: setup reproduce test lint dryrun report clean-results
+.PHONY: setup reproduce run test docs lint dryrun report clean-results
 setup: $(VENV)/.stamp $(DS_BUGGY)/.stamp
 
 $(VENV)/.stamp: envs/requirements.txt envs/dev.txt pyproject.toml
@@ -40,19 +40,30 @@ $(DS_BUGGY)/.stamp: envs/requirements-ds0189.txt $(VENV)/.stamp
 	touch $@
 
 reproduce: setup
-	$(VENV)/bin/snakemake -c$(CORES) --config scale=$(SCALE)
-	$(VENV)/bin/snakemake -c$(CORES) --config scale=$(SCALE) --report results/report.html
+	$(MAKE) --no-print-directory run
+	$(VENV)/bin/snakemake -c$(CORES) --config scale=$(SCALE) --report results/$(SCALE)/report.html
 	@echo
 	@echo "Done (scale=$(SCALE)). Outputs:"
-	@echo "  tables:         paper_tables/"
-	@echo "  figures:        figures/"
-	@echo "  claims report:  paper_tables/claims.md"
-	@echo "  HTML report:    results/report.html"
+	@echo "  tables:         paper_tables/$(SCALE)/"
+	@echo "  figures:        figures/$(SCALE)/"
+	@echo "  claims report:  paper_tables/$(SCALE)/claims.md   (one claim: .venv/bin/gradfidelity claim C4 --scale $(SCALE))"
+	@echo "  runs tables:    results/$(SCALE)/runs/<study>.csv"
+	@echo "  HTML report:    results/$(SCALE)/report.html"
+
+# The DAG (or TARGETS) without the install step. After a kill -9 of snakemake its lock stays behind: it is removed
+# only when no snakemake runs in this directory; incomplete jobs rerun (the default profile's rerun-incomplete) and
+# training runs resume from their checkpoints.
+run:
+	$(PY) -m gradfidelity unlock-stale --snakemake $(VENV)/bin/snakemake
+	$(VENV)/bin/snakemake $(TARGETS) -c$(CORES) --config scale=$(SCALE) $(CONFIG)
 
 test: setup
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/snakemake --lint
 	$(VENV)/bin/python -m pytest -q --durations=15 tests
+
+docs: setup  # the README's claims-to-targets table, from the registry and Snakemake's dry runs
+	$(PY) -m gradfidelity docs --readme README.md
 
 lint: setup
 	$(VENV)/bin/ruff check src tests
@@ -61,5 +72,5 @@ lint: setup
 dryrun: setup
 	$(VENV)/bin/snakemake -n --config scale=$(SCALE)
 
-clean-results:
-	rm -rf results/* .snakemake
+clean-results:  # the smoke scale's outputs only; the committed cpu reference results stay
+	rm -rf results/smoke paper_tables/smoke figures/smoke .snakemake

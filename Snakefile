@@ -35,4 +35,5 @@ rule all:
     input:
         TABLES + "/claims.md",
         REPORT_TARGETS,
+        RUNS_TABLES,
     default_target: True

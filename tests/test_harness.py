@@ -261,3 +261,16 @@ def test_exited_child_counts_zero():
     assert tree_pss_bytes(child.pid) == 0
     child.wait()  # reaped: the pid is gone
     assert tree_pss_bytes(child.pid) == 0
+
+
+def test_thread_limits_reach_every_native_pool():
+    import subprocess
+    import sys
+
+    code = ("import json, numpy, torch; from gradfidelity.harness.threads import configure_threads; "
+            "from threadpoolctl import threadpool_info; rec = configure_threads(1); "
+            "print(json.dumps([rec['torch_num_threads'], [p['num_threads'] for p in threadpool_info()], "
+            "[p['num_threads'] for p in rec['pools']]]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    torch_threads, seen, recorded = json.loads(out)
+    assert torch_threads == 1 and seen and set(seen) == {1} and recorded == seen

@@ -29,6 +29,29 @@ def _verify(args) -> int:
     return 0
 
 
+def _runs_table(args) -> int:
+    from gradfidelity.harness.io import atomic_write_csv
+    from gradfidelity.harness.results import runs_table
+
+    atomic_write_csv(runs_table(args.runs, args.scale), args.out)
+    return 0
+
+
+def _unlock_stale(args) -> int:
+    from gradfidelity.workflow_lock import unlock_if_stale
+
+    print(unlock_if_stale(args.snakemake))
+    return 0
+
+
+def _docs(args) -> int:
+    from pathlib import Path
+
+    from gradfidelity.docs import write_or_check
+
+    return write_or_check(Path(args.readme), args.check)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradfidelity", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
@@ -46,6 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--md", required=True)
     p.add_argument("--scale", required=True)
     p.set_defaults(func=_verify)
+
+    p = sub.add_parser("runs-table", help="one row per run (seed, status, metrics, git sha, versions, CPU, threads)")
+    p.add_argument("--runs", nargs="+", required=True, help="the study's metrics.json files")
+    p.add_argument("--scale", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_runs_table)
+
+    p = sub.add_parser("unlock-stale", help="remove Snakemake's lock left by a killed run (never a live one's)")
+    p.add_argument("--snakemake", default="snakemake", help="the snakemake executable")
+    p.set_defaults(func=_unlock_stale)
+
+    p = sub.add_parser("docs", help="regenerate the README's claims-to-targets table from the registry and rules")
+    p.add_argument("--readme", default="README.md")
+    p.add_argument("--check", action="store_true", help="exit 1 if the README differs from the generated one")
+    p.set_defaults(func=_docs)
 
     for study in STUDIES:
         try:

@@ -261,7 +261,7 @@ def test_tables_step_writes_valid_evidence_with_sources(tmp_path):
     assert ev["A4"]["sources"] == [str(loss.parent), str(out["loss-csv"]), str(out["loss-md"])]
     md = out["matrix-md"].read_text()
     header = next(line for line in md.splitlines() if line.startswith("| deepspeed"))
-    assert "agrees_with_prediction" in header and "facts" not in md and "nan" not in md
+    assert "agrees_with_prediction" in header and "nan" not in md
     assert pd.read_csv(out["matrix-csv"]).run_dir.unique().tolist() == [str(group.parent)]
 
 

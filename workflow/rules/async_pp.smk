@@ -21,6 +21,7 @@ ASYNC_PP_MEM = {"smoke": 2000, "cpu": 6000, "paper": 64000}[SCALE]
 # GPUs per training job (read by the SLURM executor; ignored by local runs, which never request one).
 ASYNC_PP_GPU = {"smoke": 0, "cpu": 0, "paper": 1}[SCALE]
 
+STUDY_RUNS["async_pp"] = ASYNC_PP_METRICS
 CLAIM_EVIDENCE.append(RESULTS + "/claims/async_pp.json")
 REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + [RESULTS + "/bench/async_pp.json"])
 

@@ -69,6 +69,13 @@ CONDA_ENV = "../../envs/gradfidelity.yaml"
 # Filled by the study modules: their claim-evidence files and the tables/figures shown in the report.
 CLAIM_EVIDENCE = []
 REPORT_TARGETS = []
+# study -> every training run's metrics.json (the inputs of its runs table, results/<scale>/runs/<study>.csv).
+STUDY_RUNS = {}
+
+
+def study_runs(wildcards):
+    """input function of `runs_table`: the metrics.json files of one study."""
+    return STUDY_RUNS[wildcards.study]
 
 
 def study_cfg(study, *keys):

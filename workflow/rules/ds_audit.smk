@@ -15,6 +15,7 @@ DS_AUDIT_TABLES = [TABLES + "/ds_fault_matrix.csv", TABLES + "/ds_fault_matrix.m
                    TABLES + "/loss_aggregation.csv", TABLES + "/loss_aggregation.md"]
 DS_AUDIT_FIGURES = [FIGURES + "/ds_fault_matrix.png", FIGURES + "/loss_aggregation.png"]
 
+STUDY_RUNS["ds_audit"] = DS_AUDIT_GROUPS + [RESULTS + "/ds_audit/loss_agg/seed0/metrics.json"]
 CLAIM_EVIDENCE.append(RESULTS + "/claims/ds_audit.json")
 REPORT_TARGETS.extend(DS_AUDIT_TABLES + DS_AUDIT_FIGURES)
 

@@ -147,6 +147,7 @@ rule local:
         RESULTS + "/bench/local.json",
 
 
+STUDY_RUNS["local"] = LOCAL_RUNS
 CLAIM_EVIDENCE.append(RESULTS + "/claims/local.json")
 REPORT_TARGETS.extend(
     [

@@ -14,6 +14,7 @@ SFT_RL_TABLES = [TABLES + "/sft_rl_main.csv", TABLES + "/sft_rl_main.md",
                  TABLES + "/sft_rl_bug_ablation.csv", TABLES + "/sft_rl_bug_ablation.md"]
 SFT_RL_FIGURES = [FIGURES + "/sft_rl_score_vs_flops.png", FIGURES + "/sft_rl_reward_curves.png"]
 
+STUDY_RUNS["sft_rl"] = SFT_RL_RUNS
 CLAIM_EVIDENCE.append(RESULTS + "/claims/sft_rl.json")
 REPORT_TARGETS.extend(SFT_RL_TABLES + SFT_RL_FIGURES)
 

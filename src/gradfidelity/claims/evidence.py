@@ -26,6 +26,7 @@ non-finite input, so a diverged run can never become a plausible-looking number.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -44,7 +45,7 @@ RECORD_SCHEMA = {
         "level": _NUM, "exact": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0},
         "gates": {"type": "array", "items": GATE_SCHEMA}, "detail": {"type": "string"},
         "sources": {"type": "array", "items": {"type": "string"}},
-        "diverged": {"type": "integer", "minimum": 0},
+        "diverged": {"type": "integer", "minimum": 0}, "computed_by": {"type": "string"},
     },
 }
 RECORD_SCHEMA["properties"]["parts"] = {"type": "object", "additionalProperties": {
@@ -78,9 +79,20 @@ def gate(name: str, passed: bool, reason: str) -> dict:
     return {"name": name, "passed": bool(passed), "reason": reason}
 
 
+def _caller() -> str:
+    """module:function of the first caller outside this module: the evidence function that built the record."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    if frame is None:
+        return "unknown"
+    return f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_name}"
+
+
 def _record(estimate, low, high, *, level, exact, n, detail, gates, sources, diverged=0) -> dict:
     rec = {"estimate": estimate, "low": low, "high": high, "level": level, "exact": exact, "n": int(n),
-           "detail": detail, "gates": list(gates or []), "sources": [str(s) for s in (sources or [])]}
+           "detail": detail, "gates": list(gates or []), "sources": [str(s) for s in (sources or [])],
+           "computed_by": _caller()}
     if diverged:
         rec["diverged"] = int(diverged)
     return rec
@@ -112,7 +124,7 @@ def mean_ci(values: Sequence[float], level: float, *, detail: str = "", gates=No
     est = float(x.mean())
     low = high = None
     if len(x) >= 2:
-        if float(x.std(ddof=1)) == 0.0:
+        if float(np.ptp(x)) <= 1e-12 * max(1.0, abs(est)):
             low = high = est  # identical units: the t interval degenerates to the point
         else:
             ci = stats.ttest_1samp(x, popmean=0.0).confidence_interval(level)

@@ -52,3 +52,35 @@ def load_runs(paths: Iterable[str | Path], keys: Iterable[str] | None = None,
         row.update({k: metrics.get(k) for k in wanted})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+_VERSIONS = ("torch", "deepspeed", "trl", "transformers", "pytorch-optimizer", "numpy", "scipy")
+
+
+def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.DataFrame:
+    """One row per run: run id, seed, status, scalar metrics, and where and how it ran (from provenance.json).
+
+    This is the per-study `runs.csv` committed with the cpu scale's reference results: every number in a paper
+    table can be traced to a run, the git sha that produced it, its package versions, CPU and thread settings.
+    """
+    rows = []
+    for record in load_run_records(paths, scale):
+        prov_path = Path(record["run_dir"]) / "provenance.json"
+        prov = read_json(prov_path) if prov_path.is_file() else {}
+        metrics = record["metrics"] if record["status"] == "ok" else {}
+        row = {"run_id": record["run_dir"], "study": record.get("study"), "scale": record.get("scale"),
+               "seed": record.get("seed"), "status": record["status"],
+               "git_sha": prov.get("git_sha"), "git_dirty": prov.get("git_dirty"),
+               "cpu_model": (prov.get("machine") or {}).get("cpu_model"),
+               "cpu_count": (prov.get("machine") or {}).get("cpu_count"),
+               "torch_num_threads": (prov.get("threads") or {}).get("torch_num_threads"),
+               "omp_num_threads": (prov.get("threads") or {}).get("OMP_NUM_THREADS"),
+               "wall_s": (record.get("timing") or {}).get("wall_s"),
+               "resumed_from_step": prov.get("resumed_from_step")}
+        row.update({f"version_{k}": (prov.get("packages") or {}).get(k) for k in _VERSIONS})
+        row.update({f"metric_{k}": v for k, v in metrics.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        if record["status"] == "diverged":
+            row["metric_diverged_at_step"] = record["metrics"].get("diverged_at_step")
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 from scipy import stats
 
+from gradfidelity.claims.evidence import exact
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.stats.paired import implied_sd, seeds_for_power
 from gradfidelity.tables import write_table
@@ -51,9 +52,10 @@ def write_stats_check(csv_path, md_path, evidence_path, scale: str) -> None:
                 notes=notes, floatfmt=".4f")
     five = df.set_index("n").loc[5]
     atomic_write_json(evidence_path, {"study": "stats", "scale": scale, "values": {
-        "C5": {"measured": float(five["seeds_80pct_normal"]), "n": 5,
-               "detail": f"normal {five['seeds_80pct_normal']:.1f}, exact t {int(five['seeds_80pct_exact_t'])}, "
-                         f"implied sd {five['implied_sd_pct']:.3f} (n = 5)"},
+        # a recomputation of the paper's own numbers (registry `evidence: arithmetic`): exact, n = the paper's seeds
+        "C5": exact(float(five["seeds_80pct_normal"]), n=5, sources=[str(csv_path)],
+                    detail=f"normal {five['seeds_80pct_normal']:.1f}, exact t {int(five['seeds_80pct_exact_t'])}, "
+                           f"implied sd {five['implied_sd_pct']:.3f} (n = 5)"),
     }})
     for row in fits.itertuples():
         print(f"n = {row.n}: seeds for 80% power = {row.seeds_80pct_normal:.0f} (normal), "

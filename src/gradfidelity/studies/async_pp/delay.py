@@ -11,8 +11,7 @@ schedule
                point (W_0(t-d_0), ..., W_{P-1}(t)); stage k applies it to W_k(t). The last stage is fresh.
 - `pipedream_vsync`: the same per-stage staleness d_k but with a consistent weight version for all stages of one
                evaluation (a per-stage gradient FIFO; our model of vertical sync, see docs/sources.md, Study B):
-               stage k's gradient is
-               g_k(W(t-d_k), b_t). Costs one forward/backward per distinct delay.
+               stage k's gradient is g_k(W(t-d_k), b_t). Costs one forward/backward per distinct delay.
 mitigation
 - `none`.
 - `sync_start`:    no delay for the first K steps.  `sync_cooldown`: no delay for the last K steps (the LR decay).

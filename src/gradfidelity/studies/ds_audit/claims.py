@@ -142,9 +142,12 @@ def a4(summ: pd.DataFrame, run_dirs: Sequence[str] = (), tables: Sequence[str] =
     levels = ", ".join(f"{s:g}: {e:.3f}" for s, e in zip(sub.spread, sub.rel_error, strict=True))
     if sub.spread.nunique() < 2 or not sub.rel_error.notna().all():
         return not_measured(f"need >= 2 spread levels with a finite error, got: {levels or 'none'}", sources=src)
+    if sub.rel_error.nunique() < 2:
+        return not_measured(f"Spearman correlation undefined: the error is the same at every spread ({levels})",
+                            sources=src)
     rho = float(spearmanr(sub.spread, sub.rel_error).statistic)
     if not math.isfinite(rho):
-        return not_measured(f"Spearman correlation undefined (constant errors?): {levels}", sources=src)
+        return not_measured(f"Spearman correlation undefined: {levels}", sources=src)
     seeds = ", ".join(str(int(s)) for s in sub.seeds)
     return exact(rho, n=len(sub), sources=src,
                  detail=f"Spearman(spread, mean relative error of the per-micro-batch mean) over {len(sub)} spread "

@@ -72,8 +72,7 @@ def plot_matrix(df: pd.DataFrame, png: Path) -> None:
     versions = list(dict.fromkeys(df.deepspeed))
     width = int(max((len(s.split()) for s in df.contributions_raw if s), default=1))
     fig, axes = new_figure(ncols=len(versions), width=4.2, height=max(3.0, 0.075 * len(df) / len(versions) + 1.0))
-    cmap = ListedColormap(plt_colors())
-    cmap.set_bad("#d9d9d9")
+    cmap = ListedColormap(plt_colors()).with_extremes(bad="#d9d9d9")
     for ax, v in zip(axes[0], versions, strict=True):
         sub = df[df.deepspeed == v]
         grid = np.full((len(sub), width), np.nan)

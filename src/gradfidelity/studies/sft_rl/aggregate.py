@@ -27,7 +27,15 @@ import numpy as np
 import pandas as pd
 
 from gradfidelity.claims.evidence import (
-    exact, gate, level_for, mean_ci, not_measured, paired_difference, weakest, with_parts)
+    exact,
+    gate,
+    level_for,
+    mean_ci,
+    not_measured,
+    paired_difference,
+    weakest,
+    with_parts,
+)
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.results import load_run_records
@@ -345,7 +353,8 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
         else:
             parts[f"vs_{m}"] = _difference("A7", s_fixed, _arm(df, model, "fixed", m),
                                            f"fixed: sft_then_rl minus {m}", gates=[], sources=main)
-    vals["A7"] = _with_parts(parts, weakest(parts)["detail"], gates, src_main)
+    mixed_fixed = [_arm(df, model, "fixed", m) for m in plan.MIXED if m in cfg.methods]
+    vals["A7"] = _with_parts(parts, weakest(parts)["detail"], gates, src_main, s_fixed, *mixed_fixed)
 
     # A8: under both bugs, the best mixed-policy method minus SFT-then-RL, per seed
     best, why = _best_mixed(df, cfg, model, "both")
@@ -359,6 +368,7 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
     # A9: truncated SFT-then-RL against the best mixed-policy method: accuracy (paired) and FLOPs ratio (exact)
     best, why = _best_mixed(df, cfg, model, "fixed")
     trunc = _arm(df, model, "fixed", "sft_then_rl_truncated")
+    arms = [trunc] + ([best] if best is not None else [])
     if best is None or _missing(trunc):
         miss = why if best is None else _missing(trunc)
         parts = {"accuracy": not_measured(miss, sources=main), "flops": not_measured(miss, sources=main)}
@@ -382,7 +392,8 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
             if p.diverged:
                 flops["diverged"] = p.diverged
         parts = {"accuracy": dict(acc, detail=_join(acc["detail"], why)), "flops": flops}
-    vals["A9"] = _with_parts(parts, _join(*(f"{k}: {v['detail']}" for k, v in parts.items())), gates, src_main)
+    vals["A9"] = _with_parts(parts, _join(*(f"{k}: {v['detail']}" for k, v in parts.items())), gates, src_main,
+                             *arms)
 
     for v in vals.values():
         v["detail"] = f"{model}: {v['detail']}"
@@ -390,10 +401,11 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
     return vals
 
 
-def _with_parts(parts: dict, detail: str, gates: list, sources: list[str]) -> dict:
+def _with_parts(parts: dict, detail: str, gates: list, sources: list[str], *arms: Arm) -> dict:
+    """A record decided by its parts; `diverged` counts each diverged run behind any part once."""
     rec = with_parts(parts, detail=detail, gates=gates,
                      sources=[s for p in parts.values() for s in p["sources"]] + sources)
-    div = sum(p.get("diverged", 0) for p in parts.values())
+    div = len({run for a in arms for run in a.diverged.values()})
     if div:
         rec["diverged"] = div
     return rec

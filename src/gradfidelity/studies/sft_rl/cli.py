@@ -83,7 +83,8 @@ def register(sub) -> None:
 
     p = sub.add_parser("sft-rl-aggregate", help="sft_rl: tables, figures and claim evidence from the runs")
     p.add_argument("--cfg", required=True)
-    p.add_argument("--runs", nargs="+", required=True, help="every run's metrics.json (from plan.planned_runs), all under one results directory")
+    p.add_argument("--runs", nargs="+", required=True,
+                   help="every run's metrics.json (from plan.planned_runs), all under one results directory")
     p.add_argument("--scale", required=True)
     p.add_argument("--tables", required=True, help="paper_tables directory")
     p.add_argument("--figures", required=True, help="figures directory")

@@ -4,7 +4,8 @@ gradient DeepSpeed handed to the optimizer.
 
 Why a probe and not only the training runs: a test can then compare that applied gradient with a plain-torch
 reference computed from the very micro-batches the Trainer drew (recorded in order): `fixed` must equal the
-global token mean over all GA micro-batches; under deepspeed 0.18.9 it must not (the accumulation bug: docs/sources.md, Study A).
+global token mean over all GA micro-batches; under deepspeed 0.18.9 it must not (the accumulation bug:
+docs/sources.md, Study A).
 """
 
 from __future__ import annotations

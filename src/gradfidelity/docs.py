@@ -1,0 +1,93 @@
+"""The README's claims-to-targets table, generated from the claims registry and Snakemake's own dry runs, so it
+cannot drift from the code: `make docs` rewrites the block between the markers, and a test fails when the committed
+README differs from what this module generates.
+
+For every group of claims the table gives the command that builds just that evidence, the tables and figures it
+produces, and per scale the number of jobs Snakemake plans and the sum of their declared `runtime` limits (an upper
+bound in job-minutes, not a measurement; the measured times are in each job's benchmark.tsv).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradfidelity.claims.verify import load_registry
+from gradfidelity.errors import UserError
+from gradfidelity.harness.io import atomic_write_text
+
+BEGIN = "<!-- BEGIN GENERATED: claims-to-targets (make docs) -->"
+END = "<!-- END GENERATED: claims-to-targets -->"
+BUDGET_SCALES = ("smoke", "cpu")
+# study -> (what it measures, named Snakemake target); the target rules live in workflow/rules/<study>.smk.
+GROUPS = {
+    "ds_audit": ("which DeepSpeed configurations drop micro-batches; loss-aggregation weighting", "ds_audit"),
+    "sft_rl": ("SFT-then-RL vs LUFFY/SRFT/ReLIFT/HPT on fixed and buggy infrastructure", "sft_rl"),
+    "async_pp": ("one-step delay across six optimizers; mitigations; PipeDream depth; training length", "async_pp"),
+    "local": ("local-training methods: throughput, PSS, non-inferiority, thread-matched baseline", "local"),
+    "stats": ("the paper's own statistics, recomputed (arithmetic, not a reproduction)", "stats_check"),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    jobs: int
+    runtime_min: int
+    outputs: tuple[str, ...]
+
+
+def dry_run(target: str, scale: str, cwd: Path) -> Plan:
+    """Jobs, summed runtime limits and outputs of `snakemake -n --forceall TARGET` at `scale`."""
+    cmd = [sys.executable, "-m", "snakemake", "-n", "--forceall", target, "--config", f"scale={scale}"]
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise UserError(f"dry run of {target} at scale {scale} failed:\n{res.stderr[-2000:]}")
+    jobs = [int(n) for n in re.findall(r"^total\s+(\d+)$", res.stdout, re.M)]
+    runtime = sum(int(m) for m in re.findall(r"^\s+resources:.*\bruntime=(\d+)", res.stdout, re.M))
+    outputs = [o.strip() for line in re.findall(r"^\s+output: (.*)$", res.stdout, re.M) for o in line.split(",")]
+    return Plan(jobs=jobs[0] if jobs else 0, runtime_min=runtime, outputs=tuple(outputs))
+
+
+def _shown_outputs(plan: Plan, scale: str) -> list[str]:
+    keep = [o for o in plan.outputs if o.startswith((f"paper_tables/{scale}/", f"figures/{scale}/"))
+            and o.endswith((".md", ".png"))]
+    return sorted(set(keep))
+
+
+def claims_table(cwd: Path) -> str:
+    registry = load_registry()
+    lines = ["| claims | what | build just that (smoke; add `--config scale=cpu` for the cpu scale) | main outputs "
+             "(smoke paths) | " + " | ".join(f"{s}: jobs, runtime limits" for s in BUDGET_SCALES) + " |",
+             "|---|---|---|---|" + "---|" * len(BUDGET_SCALES)]
+    for study, (what, target) in GROUPS.items():
+        ids = [row["id"] for row in registry if row["study"] == study]
+        plans = {s: dry_run(target, s, cwd) for s in BUDGET_SCALES}
+        outputs = ", ".join(f"`{o}`" for o in _shown_outputs(plans["smoke"], "smoke"))
+        budgets = " | ".join(f"{p.jobs} jobs, {p.runtime_min} min" for p in plans.values())
+        lines.append(f"| {', '.join(ids)} | {what} | `.venv/bin/snakemake -c2 {target}` | {outputs} | {budgets} |")
+    return "\n".join(lines)
+
+
+def render(readme: str, cwd: Path) -> str:
+    if BEGIN not in readme or END not in readme:
+        raise UserError(f"README lacks the generated-block markers {BEGIN!r} ... {END!r}")
+    head, rest = readme.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{claims_table(cwd)}\n{END}{tail}"
+
+
+def write_or_check(readme_path: Path, check: bool) -> int:
+    text = readme_path.read_text()
+    new = render(text, readme_path.parent)
+    if check:
+        if new != text:
+            print(f"{readme_path} is out of date: run `make docs` and commit it", file=sys.stderr)
+            return 1
+        return 0
+    if new != text:
+        atomic_write_text(readme_path, new)
+    print(f"{readme_path}: claims-to-targets table {'rewritten' if new != text else 'already up to date'}")
+    return 0
