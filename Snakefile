@@ -27,6 +27,10 @@ include: "workflow/rules/stats.smk"
 include: "workflow/rules/report.smk"
 
 
+# The HTML report opens on this page (scale, machine, git sha, verdict counts, the claims figure, links per study).
+report: REPORT_SUMMARY
+
+
 localrules:
     all,
 
@@ -34,6 +38,8 @@ localrules:
 rule all:
     input:
         TABLES + "/claims.md",
+        FIGURES + "/claims.png",
+        REPORT_SUMMARY,
         REPORT_TARGETS,
         RUNS_TABLES,
     default_target: True

@@ -1,7 +1,7 @@
 """The Snakemake workflow: config validation before any job, lint, dry runs at every scale, and one end-to-end
 smoke run in a temporary copy of the repository."""
 
-import os
+import json
 import shutil
 import subprocess
 import sys
@@ -10,6 +10,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from gradfidelity.claims.verify import (
+    ARITHMETIC_OK,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    VERDICTS,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -68,19 +77,39 @@ def test_cli_missing_input_exits_2_naming_the_path(tmp_path):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_smoke_dag_end_to_end(tmp_path):
-    """The whole smoke DAG in a copy of the repository: claims report produced, no-op rerun is fast."""
+    """The whole smoke DAG in a copy of the repository, as a fresh clone would run it: claims report with measured
+    verdicts, outputs per scale and world-readable, the HTML report opening on the claims figure, no-op rerun."""
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=COPY_IGNORE)
     overlay = f"deepspeed_buggy_overlay={REPO / '.venv-ds0189'}"
     res = _smk("-c2", "--config", overlay, cwd=work, timeout=45 * 60)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-6000:]
-    claims = pd.read_csv(work / "paper_tables" / "claims.csv")
-    assert set(claims["verdict"]) <= {"reproduced", "not reproduced", "not measured at this scale"}
+    claims = pd.read_csv(work / "paper_tables" / "smoke" / "claims.csv").set_index("id")
+    assert set(claims["verdict"]) <= set(VERDICTS)
     assert (claims["scale"] == "smoke").all()
-    assert "C5" in set(claims.loc[claims["verdict"] == "reproduced", "id"])
+    # the exact probes of study A are measured at smoke and agree with the paper's description of the bug
+    assert claims.loc[["A1", "A2", "A1-7981"], "verdict"].eq(REPRODUCED).all(), claims.loc[["A1", "A2"]].T
+    assert claims.loc["C5", "verdict"] == ARITHMETIC_OK
+    decided = claims[claims["verdict"].isin([REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE])]
+    assert (decided["n"] >= decided["min_n"]).all(), "a claim with n < min_n got a verdict"
+    small = claims[(claims["n"] < claims["min_n"]) & (claims["evidence"] == "measured")]
+    assert len(small) and small["verdict"].eq(NOT_MEASURED).all()
+    for path in (work / "results" / "smoke").rglob("metrics.json"):
+        assert json.loads(path.read_text()).get("scale") == "smoke", path
+    for path in [*(work / "paper_tables" / "smoke").iterdir(), *(work / "figures" / "smoke").iterdir()]:
+        assert path.stat().st_mode & 0o044 == 0o044, f"{path} is not group/world-readable"
+    runs = pd.read_csv(work / "results" / "smoke" / "runs" / "local.csv")
+    assert {"run_id", "seed", "status", "git_sha", "cpu_model", "torch_num_threads", "wall_s"} <= set(runs.columns)
+    assert not (work / "paper_tables" / "cpu").exists(), "a smoke run must not write another scale's outputs"
+    assert (work / "figures" / "smoke" / "claims.png").stat().st_size > 10_000
+    res = _smk("-c2", "--config", overlay, "--report", "results/smoke/report.html", cwd=work, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    html = (work / "results" / "smoke" / "report.html").read_text()
+    landing = html.index("every paper claim at scale smoke")
+    first_image = html.index("data:image/png;base64")
+    assert landing < first_image < landing + 5000, "the report opens on the summary with the claims figure"
     start = time.monotonic()
     res = _smk("-c2", "--config", overlay, cwd=work, timeout=120)
     assert res.returncode == 0
     assert "Nothing to be done" in res.stdout + res.stderr
     print(f"no-op rerun: {time.monotonic() - start:.1f} s")
-    assert os.path.exists(work / "paper_tables" / "claims.md")

@@ -11,7 +11,6 @@ import importlib
 import sys
 
 from gradfidelity.errors import UserError
-
 from gradfidelity.studies import STUDIES
 
 
@@ -41,6 +40,34 @@ def _unlock_stale(args) -> int:
     from gradfidelity.workflow_lock import unlock_if_stale
 
     print(unlock_if_stale(args.snakemake))
+    return 0
+
+
+def _claim(args) -> int:
+    from gradfidelity.claims.explain import explain_claim, list_claims
+
+    if args.list:
+        print(list_claims(args.scale))
+    elif args.id:
+        print(explain_claim(args.id, args.scale))
+    else:
+        raise UserError("give a claim id (e.g. `gradfidelity claim C4`) or --list")
+    return 0
+
+
+def _claims_figure(args) -> int:
+    from pathlib import Path
+
+    from gradfidelity.claims.figure import claims_figure
+
+    claims_figure(Path(args.claims), Path(args.out), args.scale)
+    return 0
+
+
+def _report_summary(args) -> int:
+    from gradfidelity.claims.summary import write_summary
+
+    write_summary(args.claims, args.figure, args.runs, args.out, args.scale)
     return 0
 
 
@@ -79,6 +106,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("unlock-stale", help="remove Snakemake's lock left by a killed run (never a live one's)")
     p.add_argument("--snakemake", default="snakemake", help="the snakemake executable")
     p.set_defaults(func=_unlock_stale)
+
+    p = sub.add_parser("claim", help="one claim with everything behind it: evidence, verdict, runs, rebuild command")
+    p.add_argument("id", nargs="?", help="claim id, e.g. C4 (see --list)")
+    p.add_argument("--scale", default="smoke")
+    p.add_argument("--list", action="store_true", help="one line per claim")
+    p.set_defaults(func=_claim)
+
+    p = sub.add_parser("claims-figure", help="every claim's estimate and interval against its threshold")
+    p.add_argument("--claims", required=True, help="the claims CSV written by verify")
+    p.add_argument("--out", required=True)
+    p.add_argument("--scale", required=True)
+    p.set_defaults(func=_claims_figure)
+
+    p = sub.add_parser("report-summary", help="the landing page of the HTML report (reStructuredText)")
+    p.add_argument("--claims", required=True)
+    p.add_argument("--figure", required=True)
+    p.add_argument("--runs", nargs="+", required=True, help="the studies' runs tables")
+    p.add_argument("--out", required=True)
+    p.add_argument("--scale", required=True)
+    p.set_defaults(func=_report_summary)
 
     p = sub.add_parser("docs", help="regenerate the README's claims-to-targets table from the registry and rules")
     p.add_argument("--readme", default="README.md")

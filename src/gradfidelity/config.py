@@ -97,5 +97,10 @@ def coerce_cli_strings(value, schema: dict, where: str, root: dict | None = None
             parsed = yaml.safe_load(value)
         except yaml.YAMLError:
             return value
+        if isinstance(parsed, str) and "number" in _types(schema):
+            try:  # YAML 1.1 reads "3e-4" (no dot) as a string
+                return float(parsed)
+            except ValueError:
+                return value
         return parsed if not isinstance(parsed, (dict, list, str)) else value
     return value

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gradfidelity.claims.verify import load_registry
+from gradfidelity.claims.verify import describe_check, load_registry
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_text
 
@@ -71,12 +71,24 @@ def claims_table(cwd: Path) -> str:
     return "\n".join(lines)
 
 
+def claim_rows() -> str:
+    """One row per registry claim: what it says, how it is checked, where it is measurable, its evidence file."""
+    lines = ["| id | claim | check | min_n | scales | evidence file (`gradfidelity claim ID` prints its rebuild command) |",
+             "|---|---|---|---|---|---|"]
+    for row in load_registry():
+        kind = " (arithmetic)" if row["evidence"] == "arithmetic" else ""
+        statement = row["statement"].replace("|", "/")
+        lines.append(f"| {row['id']} | {statement} | {describe_check(row['check'])}{kind} | {row['min_n']} | "
+                     f"{', '.join(row['scales'])} | `results/smoke/claims/{row['study']}.json` |")
+    return "\n".join(lines)
+
+
 def render(readme: str, cwd: Path) -> str:
     if BEGIN not in readme or END not in readme:
         raise UserError(f"README lacks the generated-block markers {BEGIN!r} ... {END!r}")
     head, rest = readme.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{claims_table(cwd)}\n{END}{tail}"
+    return f"{head}{BEGIN}\n{claims_table(cwd)}\n\nEvery claim:\n\n{claim_rows()}\n{END}{tail}"
 
 
 def write_or_check(readme_path: Path, check: bool) -> int:

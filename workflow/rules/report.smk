@@ -1,6 +1,7 @@
 # The end of the DAG: every claim's verdict, computed from the studies' evidence files, and one runs table per
 # study (seed, status, metrics, git sha, versions, CPU, threads of every run), committed with the cpu scale.
 RUNS_TABLES = expand(RESULTS + "/runs/{study}.csv", study=STUDIES)
+REPORT_SUMMARY = RESULTS + "/report/summary.rst"
 
 
 rule runs_table:
@@ -23,6 +24,50 @@ rule runs_table:
         runtime=5,
     shell:
         "{params.gf} runs-table --runs {input} --scale {params.scale} --out {output} > {log} 2>&1"
+
+
+rule claims_figure:
+    input:
+        claims=TABLES + "/claims.csv",
+    output:
+        report(FIGURES + "/claims.png", category="Claims"),
+    params:
+        gf=GF,
+        scale=SCALE,
+    log:
+        RESULTS + "/logs/claims_figure.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    shell:
+        "{params.gf} claims-figure --claims {input.claims} --out {output} --scale {params.scale} > {log} 2>&1"
+
+
+# The HTML report's landing page (the Snakefile's global `report:` points at it).
+rule report_summary:
+    input:
+        claims=TABLES + "/claims.csv",
+        figure=FIGURES + "/claims.png",
+        runs=RUNS_TABLES,
+    output:
+        REPORT_SUMMARY,
+    params:
+        gf=GF,
+        scale=SCALE,
+    log:
+        RESULTS + "/logs/report_summary.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    shell:
+        "{params.gf} report-summary --claims {input.claims} --figure {input.figure} --runs {input.runs}"
+        " --out {output} --scale {params.scale} > {log} 2>&1"
 
 
 rule verify:
