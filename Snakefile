@@ -37,8 +37,8 @@ localrules:
 
 rule all:
     input:
-        TABLES + "/claims.md",
-        FIGURES + "/claims.png",
+        f"{TABLES}/claims.md",
+        f"{FIGURES}/claims.png",
         REPORT_SUMMARY,
         REPORT_TARGETS,
         RUNS_TABLES,

@@ -73,7 +73,7 @@ def claims_table(cwd: Path) -> str:
 
 def claim_rows() -> str:
     """One row per registry claim: what it says, how it is checked, where it is measurable, its evidence file."""
-    lines = ["| id | claim | check | min_n | scales | evidence file (`gradfidelity claim ID` prints its rebuild command) |",
+    lines = ["| id | claim | check | min_n | scales | evidence file (`gradfidelity claim ID`: its rebuild command) |",
              "|---|---|---|---|---|---|"]
     for row in load_registry():
         kind = " (arithmetic)" if row["evidence"] == "arithmetic" else ""

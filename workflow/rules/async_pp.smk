@@ -8,13 +8,13 @@ from gradfidelity.studies.async_pp.plan import cells as _ap_cells
 from gradfidelity.studies.async_pp.plan import groups as _ap_groups
 
 ASYNC_PP_CFG = config["async_pp"]
-ASYNC_PP_ROOT = RESULTS + "/async_pp"
+ASYNC_PP_ROOT = f"{RESULTS}/async_pp"
 ASYNC_PP_GROUPS = _ap_groups(ASYNC_PP_CFG)
 ASYNC_PP_METRICS = [c.metrics(ASYNC_PP_ROOT) for c in _ap_cells(ASYNC_PP_CFG)]
-ASYNC_PP_TABLES = [TABLES + "/async_pp_main.csv", TABLES + "/async_pp_main.md",
-                   TABLES + "/async_pp_mitigations.csv", TABLES + "/async_pp_mitigations.md"]
-ASYNC_PP_FIGURES = [FIGURES + "/async_pp_momentum.png", FIGURES + "/async_pp_depth.png",
-                    FIGURES + "/async_pp_gap_vs_tokens.png", FIGURES + "/async_pp_curves.png"]
+ASYNC_PP_TABLES = [f"{TABLES}/async_pp_main.csv", f"{TABLES}/async_pp_main.md",
+                   f"{TABLES}/async_pp_mitigations.csv", f"{TABLES}/async_pp_mitigations.md"]
+ASYNC_PP_FIGURES = [f"{FIGURES}/async_pp_momentum.png", f"{FIGURES}/async_pp_depth.png",
+                    f"{FIGURES}/async_pp_gap_vs_tokens.png", f"{FIGURES}/async_pp_curves.png"]
 # Paper scale trains for days per cell on accelerators; a job per cell there (cells_per_job: 1).
 ASYNC_PP_RUNTIME = {"smoke": 10, "cpu": 600, "paper": 10080}[SCALE]
 ASYNC_PP_MEM = {"smoke": 2000, "cpu": 6000, "paper": 64000}[SCALE]
@@ -22,8 +22,8 @@ ASYNC_PP_MEM = {"smoke": 2000, "cpu": 6000, "paper": 64000}[SCALE]
 ASYNC_PP_GPU = {"smoke": 0, "cpu": 0, "paper": 1}[SCALE]
 
 STUDY_RUNS["async_pp"] = ASYNC_PP_METRICS
-CLAIM_EVIDENCE.append(RESULTS + "/claims/async_pp.json")
-REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + [RESULTS + "/bench/async_pp.json"])
+CLAIM_EVIDENCE.append(f"{RESULTS}/claims/async_pp.json")
+REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + [f"{RESULTS}/bench/async_pp.json"])
 
 
 for _g in ASYNC_PP_GROUPS:
@@ -37,7 +37,7 @@ for _g in ASYNC_PP_GROUPS:
             cfg=study_cfg("async_pp"),
             cells=shlex.quote(_g.cells_json()),
             gf=GF,
-            root=ASYNC_PP_ROOT,
+            root=study_root("async_pp"),
         log:
             f"{ASYNC_PP_ROOT}/logs/train_{_g.name}.log",
         benchmark:
@@ -57,14 +57,14 @@ rule async_pp_aggregate:
     input:
         ASYNC_PP_METRICS,
     output:
-        runs=RESULTS + "/async_pp/runs.csv",
-        curves=RESULTS + "/async_pp/curves.csv",
+        runs=f"{RESULTS}/async_pp/runs.csv",
+        curves=f"{RESULTS}/async_pp/curves.csv",
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
-        root=ASYNC_PP_ROOT,
+        root=study_root("async_pp"),
     log:
-        RESULTS + "/async_pp/logs/aggregate.log",
+        f"{RESULTS}/async_pp/logs/aggregate.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -78,18 +78,18 @@ rule async_pp_aggregate:
 
 rule async_pp_tables:
     input:
-        runs=RESULTS + "/async_pp/runs.csv",
+        runs=f"{RESULTS}/async_pp/runs.csv",
     output:
-        main=report(TABLES + "/async_pp_main.csv", category="async_pp"),
-        main_md=report(TABLES + "/async_pp_main.md", category="async_pp"),
-        mitigations=report(TABLES + "/async_pp_mitigations.csv", category="async_pp"),
-        mitigations_md=report(TABLES + "/async_pp_mitigations.md", category="async_pp"),
+        main=report(f"{TABLES}/async_pp_main.csv", category="async_pp"),
+        main_md=report(f"{TABLES}/async_pp_main.md", category="async_pp"),
+        mitigations=report(f"{TABLES}/async_pp_mitigations.csv", category="async_pp"),
+        mitigations_md=report(f"{TABLES}/async_pp_mitigations.md", category="async_pp"),
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/async_pp/logs/tables.log",
+        f"{RESULTS}/async_pp/logs/tables.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -103,19 +103,19 @@ rule async_pp_tables:
 
 rule async_pp_figures:
     input:
-        runs=RESULTS + "/async_pp/runs.csv",
-        curves=RESULTS + "/async_pp/curves.csv",
+        runs=f"{RESULTS}/async_pp/runs.csv",
+        curves=f"{RESULTS}/async_pp/curves.csv",
     output:
-        momentum=report(FIGURES + "/async_pp_momentum.png", category="async_pp"),
-        depth=report(FIGURES + "/async_pp_depth.png", category="async_pp"),
-        gap_vs_tokens=report(FIGURES + "/async_pp_gap_vs_tokens.png", category="async_pp"),
-        curves=report(FIGURES + "/async_pp_curves.png", category="async_pp"),
+        momentum=report(f"{FIGURES}/async_pp_momentum.png", category="async_pp"),
+        depth=report(f"{FIGURES}/async_pp_depth.png", category="async_pp"),
+        gap_vs_tokens=report(f"{FIGURES}/async_pp_gap_vs_tokens.png", category="async_pp"),
+        curves=report(f"{FIGURES}/async_pp_curves.png", category="async_pp"),
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/async_pp/logs/figures.log",
+        f"{RESULTS}/async_pp/logs/figures.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -130,15 +130,15 @@ rule async_pp_figures:
 
 rule async_pp_claims:
     input:
-        runs=RESULTS + "/async_pp/runs.csv",
+        runs=f"{RESULTS}/async_pp/runs.csv",
     output:
-        RESULTS + "/claims/async_pp.json",
+        f"{RESULTS}/claims/async_pp.json",
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/async_pp/logs/claims.log",
+        f"{RESULTS}/async_pp/logs/claims.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -151,15 +151,15 @@ rule async_pp_claims:
 
 rule async_pp_bench:
     output:
-        report(RESULTS + "/bench/async_pp.json", category="async_pp"),
+        report(f"{RESULTS}/bench/async_pp.json", category="async_pp"),
     params:
         cfg=study_cfg("async_pp"),
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/async_pp/logs/bench.log",
+        f"{RESULTS}/async_pp/logs/bench.log",
     benchmark:
-        RESULTS + "/async_pp/benchmarks/bench.tsv"
+        f"{RESULTS}/async_pp/benchmarks/bench.tsv"
     conda:
         CONDA_ENV
     threads: 2
@@ -174,5 +174,5 @@ rule async_pp:
     input:
         ASYNC_PP_TABLES,
         ASYNC_PP_FIGURES,
-        RESULTS + "/claims/async_pp.json",
-        RESULTS + "/bench/async_pp.json",
+        f"{RESULTS}/claims/async_pp.json",
+        f"{RESULTS}/bench/async_pp.json",

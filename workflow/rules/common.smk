@@ -78,6 +78,26 @@ def study_runs(wildcards):
     return STUDY_RUNS[wildcards.study]
 
 
+def study_root(study):
+    """params function: results/<scale>/<study>, read off the job's first output (not hard-coded, so the rule works
+    wherever Snakemake stages the outputs)."""
+
+    def _root(wildcards, output):
+        first = str(output[0])
+        return first[: first.index(f"/{study}/") + len(study) + 1]
+
+    return _root
+
+
+def output_dir(name):
+    """params function: the folder of the named output."""
+
+    def _dir(wildcards, output):
+        return os.path.dirname(str(getattr(output, name)))
+
+    return _dir
+
+
 def study_cfg(study, *keys):
     """One study's config section (or a sub-key) as a shell-quoted JSON string for `--cfg {params.cfg}`."""
     node = config[study]

@@ -6,14 +6,14 @@
 
 rule local_data:
     output:
-        train=RESULTS + "/local/data/{corpus}/train.bin",
-        val=RESULTS + "/local/data/{corpus}/val.bin",
-        meta=RESULTS + "/local/data/{corpus}/meta.json",
+        train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
+        val=f"{RESULTS}/local/data/{{corpus}}/val.bin",
+        meta=f"{RESULTS}/local/data/{{corpus}}/meta.json",
     params:
         gf=GF,
         cfg=study_cfg("local", "corpora"),  # only the corpora: a training change must not redo the data
     log:
-        RESULTS + "/logs/local/data_{corpus}.log",
+        f"{RESULTS}/logs/local/data_{{corpus}}.log",
     conda:
         CONDA_ENV
     threads: 1

@@ -7,16 +7,16 @@ from gradfidelity.studies.ds_audit.workflow import deepspeed_env, group_threads
 
 DS_AUDIT_CFG = config["ds_audit"]
 DS_AUDIT_GROUPS = expand(
-    RESULTS + "/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/metrics.json",
+    f"{RESULTS}/ds_audit/matrix/deepspeed~{{version}}/ranks~{{ranks}}/seed0/metrics.json",
     version=DS_AUDIT_CFG["matrix"]["versions"],
     ranks=DS_AUDIT_CFG["matrix"]["ranks"],
 )
-DS_AUDIT_TABLES = [TABLES + "/ds_fault_matrix.csv", TABLES + "/ds_fault_matrix.md",
-                   TABLES + "/loss_aggregation.csv", TABLES + "/loss_aggregation.md"]
-DS_AUDIT_FIGURES = [FIGURES + "/ds_fault_matrix.png", FIGURES + "/loss_aggregation.png"]
+DS_AUDIT_TABLES = [f"{TABLES}/ds_fault_matrix.csv", f"{TABLES}/ds_fault_matrix.md",
+                   f"{TABLES}/loss_aggregation.csv", f"{TABLES}/loss_aggregation.md"]
+DS_AUDIT_FIGURES = [f"{FIGURES}/ds_fault_matrix.png", f"{FIGURES}/loss_aggregation.png"]
 
-STUDY_RUNS["ds_audit"] = DS_AUDIT_GROUPS + [RESULTS + "/ds_audit/loss_agg/seed0/metrics.json"]
-CLAIM_EVIDENCE.append(RESULTS + "/claims/ds_audit.json")
+STUDY_RUNS["ds_audit"] = DS_AUDIT_GROUPS + [f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json"]
+CLAIM_EVIDENCE.append(f"{RESULTS}/claims/ds_audit.json")
 REPORT_TARGETS.extend(DS_AUDIT_TABLES + DS_AUDIT_FIGURES)
 
 
@@ -25,15 +25,15 @@ rule ds_audit_matrix_group:
         version=r"\d+\.\d+\.\d+",
         ranks=r"\d+",
     output:
-        RESULTS + "/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/metrics.json",
+        f"{RESULTS}/ds_audit/matrix/deepspeed~{{version}}/ranks~{{ranks}}/seed0/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("ds_audit"),
         env=deepspeed_env(DS0189_ENV),
     log:
-        RESULTS + "/ds_audit/logs/matrix_deepspeed~{version}_ranks~{ranks}.log",
+        f"{RESULTS}/ds_audit/logs/matrix_deepspeed~{{version}}_ranks~{{ranks}}.log",
     benchmark:
-        RESULTS + "/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/benchmark.tsv"
+        f"{RESULTS}/ds_audit/matrix/deepspeed~{{version}}/ranks~{{ranks}}/seed0/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: group_threads
@@ -47,14 +47,14 @@ rule ds_audit_matrix_group:
 
 rule ds_audit_loss_agg:
     output:
-        RESULTS + "/ds_audit/loss_agg/seed0/metrics.json",
+        f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("ds_audit"),
     log:
-        RESULTS + "/ds_audit/logs/loss_agg.log",
+        f"{RESULTS}/ds_audit/logs/loss_agg.log",
     benchmark:
-        RESULTS + "/ds_audit/loss_agg/seed0/benchmark.tsv"
+        f"{RESULTS}/ds_audit/loss_agg/seed0/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: 1
@@ -68,20 +68,20 @@ rule ds_audit_loss_agg:
 rule ds_audit_tables:
     input:
         groups=DS_AUDIT_GROUPS,
-        loss=RESULTS + "/ds_audit/loss_agg/seed0/metrics.json",
+        loss=f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json",
     output:
-        matrix_csv=report(TABLES + "/ds_fault_matrix.csv", category="ds_audit"),
-        matrix_md=report(TABLES + "/ds_fault_matrix.md", category="ds_audit"),
-        matrix_png=report(FIGURES + "/ds_fault_matrix.png", category="ds_audit"),
-        loss_csv=report(TABLES + "/loss_aggregation.csv", category="ds_audit"),
-        loss_md=report(TABLES + "/loss_aggregation.md", category="ds_audit"),
-        loss_png=report(FIGURES + "/loss_aggregation.png", category="ds_audit"),
-        evidence=RESULTS + "/claims/ds_audit.json",
+        matrix_csv=report(f"{TABLES}/ds_fault_matrix.csv", category="ds_audit"),
+        matrix_md=report(f"{TABLES}/ds_fault_matrix.md", category="ds_audit"),
+        matrix_png=report(f"{FIGURES}/ds_fault_matrix.png", category="ds_audit"),
+        loss_csv=report(f"{TABLES}/loss_aggregation.csv", category="ds_audit"),
+        loss_md=report(f"{TABLES}/loss_aggregation.md", category="ds_audit"),
+        loss_png=report(f"{FIGURES}/loss_aggregation.png", category="ds_audit"),
+        evidence=f"{RESULTS}/claims/ds_audit.json",
     params:
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/ds_audit/logs/tables.log",
+        f"{RESULTS}/ds_audit/logs/tables.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -99,4 +99,4 @@ rule ds_audit:
     input:
         DS_AUDIT_TABLES,
         DS_AUDIT_FIGURES,
-        RESULTS + "/claims/ds_audit.json",
+        f"{RESULTS}/claims/ds_audit.json",

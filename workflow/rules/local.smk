@@ -11,7 +11,7 @@ LOCAL_OMP = LOCAL["train"].get("omp_wait_policy", "")
 LOCAL_ENV = f"OMP_WAIT_POLICY={LOCAL_OMP} " if LOCAL_OMP else ""
 # Training and report jobs see everything but the bench section (a bench change must not retrain).
 LOCAL_CFG = shlex.quote(json.dumps({k: v for k, v in LOCAL.items() if k != "bench"}, sort_keys=True))
-LOCAL_RUN = RESULTS + "/local/{corpus}/w{width}/{method}/seed{seed}/metrics.json"
+LOCAL_RUN = f"{RESULTS}/local/{{corpus}}/w{{width}}/{{method}}/seed{{seed}}/metrics.json"
 LOCAL_WIDTHS = {c: (LOCAL["corpora"][c].get("widths") or LOCAL["widths"]) for c in LOCAL["corpora"]}
 
 LOCAL_RUNS = [
@@ -37,7 +37,7 @@ wildcard_constraints:
 
 rule local_main:
     input:
-        train=RESULTS + "/local/data/{corpus}/train.bin",
+        train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
     output:
         expand(LOCAL_RUN, method=LOCAL_MAIN, allow_missing=True),
     params:
@@ -45,11 +45,11 @@ rule local_main:
         cfg=LOCAL_CFG,
         methods=",".join(LOCAL_MAIN),
         env=LOCAL_ENV,
-        root=RESULTS + "/local",
+        root=study_root("local"),
     log:
-        RESULTS + "/logs/local/main_{corpus}_w{width}_seed{seed}.log",
+        f"{RESULTS}/logs/local/main_{{corpus}}_w{{width}}_seed{{seed}}.log",
     benchmark:
-        RESULTS + "/local/{corpus}/w{width}/benchmark_main_seed{seed}.tsv"
+        f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_main_seed{{seed}}.tsv"
     conda:
         CONDA_ENV
     threads: LOCAL_THREADS
@@ -64,7 +64,7 @@ rule local_main:
 
 rule local_mechanism:
     input:
-        train=RESULTS + "/local/data/{corpus}/train.bin",
+        train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
     output:
         expand(LOCAL_RUN, method=LOCAL_SERIAL, allow_missing=True),
     params:
@@ -72,11 +72,11 @@ rule local_mechanism:
         cfg=LOCAL_CFG,
         methods=",".join(LOCAL_SERIAL),
         env=LOCAL_ENV,
-        root=RESULTS + "/local",
+        root=study_root("local"),
     log:
-        RESULTS + "/logs/local/mechanism_{corpus}_w{width}_seed{seed}.log",
+        f"{RESULTS}/logs/local/mechanism_{{corpus}}_w{{width}}_seed{{seed}}.log",
     benchmark:
-        RESULTS + "/local/{corpus}/w{width}/benchmark_mechanism_seed{seed}.tsv"
+        f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_mechanism_seed{{seed}}.tsv"
     conda:
         CONDA_ENV
     threads: LOCAL_THREADS
@@ -93,20 +93,20 @@ rule local_report:
     input:
         LOCAL_RUNS,
     output:
-        aggregate=RESULTS + "/local/aggregate.csv",
-        main_csv=TABLES + "/local_main.csv",
-        main_md=report(TABLES + "/local_main.md", category="local"),
-        mech_csv=TABLES + "/local_mechanism.csv",
-        mech_md=report(TABLES + "/local_mechanism.md", category="local"),
-        frontier=report(FIGURES + "/local_frontier.png", category="local"),
-        scaling=report(FIGURES + "/local_width_scaling.png", category="local"),
-        evidence=RESULTS + "/claims/local.json",
+        aggregate=f"{RESULTS}/local/aggregate.csv",
+        main_csv=f"{TABLES}/local_main.csv",
+        main_md=report(f"{TABLES}/local_main.md", category="local"),
+        mech_csv=f"{TABLES}/local_mechanism.csv",
+        mech_md=report(f"{TABLES}/local_mechanism.md", category="local"),
+        frontier=report(f"{FIGURES}/local_frontier.png", category="local"),
+        scaling=report(f"{FIGURES}/local_width_scaling.png", category="local"),
+        evidence=f"{RESULTS}/claims/local.json",
     params:
         gf=GF,
         cfg=LOCAL_CFG,
         scale=SCALE,
     log:
-        RESULTS + "/logs/local/report.log",
+        f"{RESULTS}/logs/local/report.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -122,15 +122,15 @@ rule local_report:
 
 rule local_bench:
     output:
-        RESULTS + "/bench/local.json",
+        f"{RESULTS}/bench/local.json",
     params:
         gf=GF,
         env=LOCAL_ENV,
         cfg=study_cfg("local"),
     log:
-        RESULTS + "/logs/local/bench.log",
+        f"{RESULTS}/logs/local/bench.log",
     benchmark:
-        RESULTS + "/bench/local_benchmark.tsv"
+        f"{RESULTS}/bench/local_benchmark.tsv"
     conda:
         CONDA_ENV
     threads: LOCAL_THREADS
@@ -144,17 +144,17 @@ rule local_bench:
 rule local:
     input:
         rules.local_report.output,
-        RESULTS + "/bench/local.json",
+        f"{RESULTS}/bench/local.json",
 
 
 STUDY_RUNS["local"] = LOCAL_RUNS
-CLAIM_EVIDENCE.append(RESULTS + "/claims/local.json")
+CLAIM_EVIDENCE.append(f"{RESULTS}/claims/local.json")
 REPORT_TARGETS.extend(
     [
-        TABLES + "/local_main.md",
-        TABLES + "/local_mechanism.md",
-        FIGURES + "/local_frontier.png",
-        FIGURES + "/local_width_scaling.png",
-        RESULTS + "/bench/local.json",
+        f"{TABLES}/local_main.md",
+        f"{TABLES}/local_mechanism.md",
+        f"{FIGURES}/local_frontier.png",
+        f"{FIGURES}/local_width_scaling.png",
+        f"{RESULTS}/bench/local.json",
     ]
 )

@@ -1,7 +1,7 @@
 # The end of the DAG: every claim's verdict, computed from the studies' evidence files, and one runs table per
 # study (seed, status, metrics, git sha, versions, CPU, threads of every run), committed with the cpu scale.
-RUNS_TABLES = expand(RESULTS + "/runs/{study}.csv", study=STUDIES)
-REPORT_SUMMARY = RESULTS + "/report/summary.rst"
+RUNS_TABLES = expand(f"{RESULTS}/runs/{{study}}.csv", study=STUDIES)
+REPORT_SUMMARY = f"{RESULTS}/report/summary.rst"
 
 
 rule runs_table:
@@ -10,12 +10,12 @@ rule runs_table:
     input:
         study_runs,
     output:
-        RESULTS + "/runs/{study}.csv",
+        f"{RESULTS}/runs/{{study}}.csv",
     params:
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/logs/runs_{study}.log",
+        f"{RESULTS}/logs/runs_{{study}}.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -28,14 +28,14 @@ rule runs_table:
 
 rule claims_figure:
     input:
-        claims=TABLES + "/claims.csv",
+        claims=f"{TABLES}/claims.csv",
     output:
-        report(FIGURES + "/claims.png", category="Claims"),
+        report(f"{FIGURES}/claims.png", category="Claims"),
     params:
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/logs/claims_figure.log",
+        f"{RESULTS}/logs/claims_figure.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -49,8 +49,8 @@ rule claims_figure:
 # The HTML report's landing page (the Snakefile's global `report:` points at it).
 rule report_summary:
     input:
-        claims=TABLES + "/claims.csv",
-        figure=FIGURES + "/claims.png",
+        claims=f"{TABLES}/claims.csv",
+        figure=f"{FIGURES}/claims.png",
         runs=RUNS_TABLES,
     output:
         REPORT_SUMMARY,
@@ -58,7 +58,7 @@ rule report_summary:
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/logs/report_summary.log",
+        f"{RESULTS}/logs/report_summary.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -74,13 +74,13 @@ rule verify:
     input:
         evidence=CLAIM_EVIDENCE,
     output:
-        csv=TABLES + "/claims.csv",
-        md=report(TABLES + "/claims.md", category="Claims"),
+        csv=f"{TABLES}/claims.csv",
+        md=report(f"{TABLES}/claims.md", category="Claims"),
     params:
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/logs/verify.log",
+        f"{RESULTS}/logs/verify.log",
     conda:
         CONDA_ENV
     threads: 1

@@ -8,27 +8,27 @@ from gradfidelity.studies.sft_rl import plan as sft_rl_plan
 from gradfidelity.studies.sft_rl.workflow import deepspeed_env as sft_rl_ds_env, rl_init as sft_rl_rl_init
 
 SFT_RL = config["sft_rl"]
-SFT_RL_ROOT = RESULTS + "/sft_rl"
+SFT_RL_ROOT = f"{RESULTS}/sft_rl"
 SFT_RL_RUNS = sft_rl_plan.planned_runs(SFT_RL, SFT_RL_ROOT)
-SFT_RL_TABLES = [TABLES + "/sft_rl_main.csv", TABLES + "/sft_rl_main.md",
-                 TABLES + "/sft_rl_bug_ablation.csv", TABLES + "/sft_rl_bug_ablation.md"]
-SFT_RL_FIGURES = [FIGURES + "/sft_rl_score_vs_flops.png", FIGURES + "/sft_rl_reward_curves.png"]
+SFT_RL_TABLES = [f"{TABLES}/sft_rl_main.csv", f"{TABLES}/sft_rl_main.md",
+                 f"{TABLES}/sft_rl_bug_ablation.csv", f"{TABLES}/sft_rl_bug_ablation.md"]
+SFT_RL_FIGURES = [f"{FIGURES}/sft_rl_score_vs_flops.png", f"{FIGURES}/sft_rl_reward_curves.png"]
 
 STUDY_RUNS["sft_rl"] = SFT_RL_RUNS
-CLAIM_EVIDENCE.append(RESULTS + "/claims/sft_rl.json")
+CLAIM_EVIDENCE.append(f"{RESULTS}/claims/sft_rl.json")
 REPORT_TARGETS.extend(SFT_RL_TABLES + SFT_RL_FIGURES)
 
 
 rule sft_rl_base:
     output:
-        RESULTS + "/sft_rl/{model}/base/seed0/metrics.json",
+        f"{RESULTS}/sft_rl/{{model}}/base/seed0/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("sft_rl"),
     log:
-        RESULTS + "/sft_rl/logs/{model}_base.log",
+        f"{RESULTS}/sft_rl/logs/{{model}}_base.log",
     benchmark:
-        RESULTS + "/sft_rl/{model}/base/seed0/benchmark.tsv"
+        f"{RESULTS}/sft_rl/{{model}}/base/seed0/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: SFT_RL["threads"]
@@ -44,17 +44,17 @@ rule sft_rl_sft:
         variant="fixed|ds_bug|agg_bug|both",
         seed=r"\d+",
     input:
-        base=RESULTS + "/sft_rl/{model}/base/seed0/metrics.json",
+        base=f"{RESULTS}/sft_rl/{{model}}/base/seed0/metrics.json",
     output:
-        RESULTS + "/sft_rl/{model}/{variant}/sft/seed{seed}/metrics.json",
+        f"{RESULTS}/sft_rl/{{model}}/{{variant}}/sft/seed{{seed}}/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("sft_rl"),
         env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "sft"),
     log:
-        RESULTS + "/sft_rl/logs/{model}_{variant}_sft_seed{seed}.log",
+        f"{RESULTS}/sft_rl/logs/{{model}}_{{variant}}_sft_seed{{seed}}.log",
     benchmark:
-        RESULTS + "/sft_rl/{model}/{variant}/sft/seed{seed}/benchmark.tsv"
+        f"{RESULTS}/sft_rl/{{model}}/{{variant}}/sft/seed{{seed}}/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: SFT_RL["threads"]
@@ -74,15 +74,15 @@ rule sft_rl_rl:
     input:
         init=sft_rl_rl_init(SFT_RL, SFT_RL_ROOT),
     output:
-        RESULTS + "/sft_rl/{model}/{variant}/{method}/seed{seed}/metrics.json",
+        f"{RESULTS}/sft_rl/{{model}}/{{variant}}/{{method}}/seed{{seed}}/metrics.json",
     params:
         gf=GF,
         cfg=study_cfg("sft_rl"),
         env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "rl"),
     log:
-        RESULTS + "/sft_rl/logs/{model}_{variant}_{method}_seed{seed}.log",
+        f"{RESULTS}/sft_rl/logs/{{model}}_{{variant}}_{{method}}_seed{{seed}}.log",
     benchmark:
-        RESULTS + "/sft_rl/{model}/{variant}/{method}/seed{seed}/benchmark.tsv"
+        f"{RESULTS}/sft_rl/{{model}}/{{variant}}/{{method}}/seed{{seed}}/benchmark.tsv"
     conda:
         CONDA_ENV
     threads: SFT_RL["threads"]
@@ -99,21 +99,21 @@ rule sft_rl_aggregate:
     input:
         SFT_RL_RUNS,
     output:
-        main_csv=TABLES + "/sft_rl_main.csv",
-        main_md=report(TABLES + "/sft_rl_main.md", category="sft_rl"),
-        abl_csv=TABLES + "/sft_rl_bug_ablation.csv",
-        abl_md=report(TABLES + "/sft_rl_bug_ablation.md", category="sft_rl"),
-        flops_fig=report(FIGURES + "/sft_rl_score_vs_flops.png", category="sft_rl"),
-        reward_fig=report(FIGURES + "/sft_rl_reward_curves.png", category="sft_rl"),
-        evidence=RESULTS + "/claims/sft_rl.json",
+        main_csv=f"{TABLES}/sft_rl_main.csv",
+        main_md=report(f"{TABLES}/sft_rl_main.md", category="sft_rl"),
+        abl_csv=f"{TABLES}/sft_rl_bug_ablation.csv",
+        abl_md=report(f"{TABLES}/sft_rl_bug_ablation.md", category="sft_rl"),
+        flops_fig=report(f"{FIGURES}/sft_rl_score_vs_flops.png", category="sft_rl"),
+        reward_fig=report(f"{FIGURES}/sft_rl_reward_curves.png", category="sft_rl"),
+        evidence=f"{RESULTS}/claims/sft_rl.json",
     params:
         gf=GF,
         cfg=study_cfg("sft_rl"),
         scale=SCALE,
-        tables=TABLES,
-        figures=FIGURES,
+        tables=output_dir("main_csv"),
+        figures=output_dir("flops_fig"),
     log:
-        RESULTS + "/sft_rl/logs/aggregate.log",
+        f"{RESULTS}/sft_rl/logs/aggregate.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -129,4 +129,4 @@ rule sft_rl:
     input:
         SFT_RL_TABLES,
         SFT_RL_FIGURES,
-        RESULTS + "/claims/sft_rl.json",
+        f"{RESULTS}/claims/sft_rl.json",

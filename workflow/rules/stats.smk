@@ -3,14 +3,14 @@
 
 rule stats_check:
     output:
-        csv=TABLES + "/stats_check.csv",
-        md=report(TABLES + "/stats_check.md", category="Statistics"),
-        evidence=RESULTS + "/claims/stats.json",
+        csv=f"{TABLES}/stats_check.csv",
+        md=report(f"{TABLES}/stats_check.md", category="Statistics"),
+        evidence=f"{RESULTS}/claims/stats.json",
     params:
         gf=GF,
         scale=SCALE,
     log:
-        RESULTS + "/logs/stats_check.log",
+        f"{RESULTS}/logs/stats_check.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -22,5 +22,5 @@ rule stats_check:
         " --scale {params.scale} 2>&1 | tee {log}"
 
 
-CLAIM_EVIDENCE.append(RESULTS + "/claims/stats.json")
-REPORT_TARGETS.append(TABLES + "/stats_check.md")
+CLAIM_EVIDENCE.append(f"{RESULTS}/claims/stats.json")
+REPORT_TARGETS.append(f"{TABLES}/stats_check.md")
