@@ -4,7 +4,7 @@
 rule stats_check:
     output:
         csv=f"{TABLES}/stats_check.csv",
-        md=report(f"{TABLES}/stats_check.md", category="Statistics"),
+        md=report(f"{TABLES}/stats_check.md", category="stats"),
         evidence=f"{RESULTS}/claims/stats.json",
     params:
         gf=GF,

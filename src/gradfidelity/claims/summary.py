@@ -4,6 +4,7 @@ git sha, counts per verdict, the claims figure, and a link per study to its tabl
 from __future__ import annotations
 
 import base64
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -36,10 +37,11 @@ def write_summary(claims_csv, figure_png, runs_csvs, out_rst, scale: str) -> Non
         "Each claim's estimate and interval against its threshold (right of the line = the claim's side), coloured "
         "by verdict, with n / min_n. The table with every reason: Claims_.",
         "",
-        f".. image:: data:image/png;base64,{png}",
+        # docutils joins a URI split over lines and drops the whitespace; one line would exceed its length limit
+        ".. image:: data:image/png;base64,", *textwrap.wrap(png, 100, initial_indent="   ", subsequent_indent="   "),
         "   :alt: claims figure",
         "",
-        "Tables and figures per study: " + ", ".join(f"{s}_" for s in STUDIES) + ", Statistics_. "
+        "Tables and figures per study: " + ", ".join(f"{s}_" for s in STUDIES) + ", stats_ (C5). "
         "One claim with everything behind it: ``.venv/bin/gradfidelity claim ID --scale " + scale + "``.",
         "",
     ]
