@@ -20,7 +20,7 @@ export XDG_CACHE_HOME := $(CURDIR)/.cache/xdg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DS_ACCELERATOR := cpu
 
-.PHONY: setup reproduce run test docs lint dryrun report clean-results
+.PHONY: setup reproduce run test cpu-data docs lint dryrun report clean-results
 setup: $(VENV)/.stamp $(DS_BUGGY)/.stamp
 
 $(VENV)/.stamp: envs/requirements.txt envs/dev.txt pyproject.toml
@@ -61,6 +61,10 @@ test: setup
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/snakemake --lint
 	$(VENV)/bin/python -m pytest -q --durations=15 tests
+
+# The cpu scale's real-text corpus for study C: Debian's python3.11-doc (PSF licence; docs/sources.md, Study C).
+cpu-data:
+	dpkg -s python3.11-doc >/dev/null 2>&1 || apt-get install -y -q python3.11-doc
 
 docs: setup  # the README's claims-to-targets table, from the registry and Snakemake's dry runs
 	$(PY) -m gradfidelity docs --readme README.md

@@ -1,4 +1,4 @@
-"""Recovery after `kill -9` of the snakemake process group mid-DAG, on a two-job slice (two study-B training jobs):
+"""Recovery after `kill -9` of the snakemake process group mid-DAG, on a two-job slice (two study-B training runs):
 `make run` again (what `make reproduce` runs) removes the stale lock, reruns the incomplete jobs, resumes training
 from the checkpoints, and every metrics block equals the one of an uninterrupted run."""
 
@@ -14,7 +14,10 @@ import pytest
 
 from tests.test_workflow import COPY_IGNORE, REPO
 
-SLICE = "async_pp_train_muon_seed0_0 async_pp_train_muon_seed0_1"
+# Two of study B's learning-rate grid runs: they need nothing upstream and checkpoint every 10 steps here.
+_GRID = "results/smoke/async_pp/optimizer~muon/lr~x{m}/head~tied/schedule~sync/mitigation~none/depth~1/momentum~0.95/" \
+        "steps~120/seed100/metrics.json"
+SLICE = " ".join(_GRID.format(m=m) for m in ("0.5", "1"))
 CKPT_CONFIG = "async_pp:\n  train:\n    checkpoint_every: 10\n"
 
 

@@ -27,7 +27,7 @@ from gradfidelity.studies.async_pp.analysis import (
     mitigations_table,
     write_claims,
 )
-from gradfidelity.studies.async_pp.names import OPTIMIZERS
+from gradfidelity.studies.async_pp.names import DEFAULTS, OPTIMIZERS
 from gradfidelity.studies.async_pp.plan import cells
 from gradfidelity.studies.async_pp.report import write_tables
 
@@ -49,6 +49,7 @@ HOLDS = {  # a world where every claim B1..B9 holds
     "momentum": lambda mom, default: (1 - mom) / (1 - default),  # higher momentum, smaller gap
     "length": lambda steps, s: 1.0 if steps == SMOKE["train"]["steps"] else 1 + 0.02 * (s - 1),  # no growth
     "pipedream": lambda P: 0.1 * P,  # grows with depth, above 2bw's gap at P > 2
+    "plateau": 0.001,  # the sync loss is flat at the end
     "ef": lambda opt, s: {"muon": 0.6 + 0.01 * (s - 1), "adamw": 0.875 + 0.002 * (s - 1)}.get(opt, 0.5),
     "mit": {"taylor": 0.9, "sync_start": 0.95, "sync_cooldown": 0.5},
 }
@@ -57,6 +58,7 @@ FALSE = {  # a world where every one of them is false
     "momentum": lambda mom, default: mom / default,
     "length": lambda steps, s: steps / SMOKE["train"]["steps"],
     "pipedream": lambda P: 0.5 / P,
+    "plateau": 0.001,
     "ef": lambda opt, s: 0.2 + 0.01 * (s - 1),
     "mit": {"taylor": 1.5, "sync_start": 1.2, "sync_cooldown": 1.3},
 }
@@ -69,7 +71,7 @@ def _loss(world: dict, c) -> float:
     f = _noise(c.optimizer, c.seed)
     if c.schedule.startswith("pipedream"):
         return base + world["pipedream"](c.depth) * f
-    default = CFG["optimizers"][c.optimizer]["momentum"]
+    default = DEFAULTS[c.optimizer]["momentum"]
     g = world["gap"][c.optimizer] * f * world["momentum"](c.momentum, default) * world["length"](c.steps, c.seed)
     if c.mitigation == "error_feedback":
         g *= 1 - world["ef"](c.optimizer, c.seed)
@@ -78,10 +80,12 @@ def _loss(world: dict, c) -> float:
     return base + g
 
 
-def _runs(world: dict, cfg: dict = CFG) -> pd.DataFrame:
-    return pd.DataFrame([{"optimizer": c.optimizer, "schedule": c.schedule, "mitigation": c.mitigation,
-                          "depth": c.depth, "momentum": c.momentum, "steps": c.steps, "seed": c.seed,
-                          "status": "ok", "final_val_loss": _loss(world, c), "run_dir": c.dir(ROOT)}
+def _runs(world: dict, cfg: dict = CFG, loss=None) -> pd.DataFrame:
+    loss = loss or (lambda c: _loss(world, c))
+    return pd.DataFrame([{"optimizer": c.optimizer, "lr": c.lr, "head": c.head, "schedule": c.schedule,
+                          "mitigation": c.mitigation, "depth": c.depth, "momentum": c.momentum, "steps": c.steps,
+                          "seed": c.seed, "status": "ok", "final_val_loss": loss(c),
+                          "plateau_delta": world["plateau"], "run_dir": c.dir(ROOT)}
                          for c in cells(cfg)])
 
 
@@ -159,15 +163,17 @@ def test_b1_ratio_with_a_non_positive_gap_on_a_seed_is_not_measured():
     mask = (runs.optimizer == "muon") & (runs.schedule == "2bw") & (runs.mitigation == "none") & (runs.seed == 1)
     runs.loc[mask, "final_val_loss"] = 2.0 + 0.01 * 1 - 0.001  # async below sync on seed 1
     values, verdicts = _verdicts(runs)
-    assert values["B1"]["estimate"] is None and "<= 0 on some seed" in values["B1"]["detail"]
+    ratio = values["B1"]["parts"]["ratio"]
+    assert ratio["estimate"] is None and "<= 0 on some seed" in ratio["detail"]
     assert verdicts["B1"][0] == NOT_MEASURED
+    assert values["B1"]["parts"]["difference"]["estimate"] > 0  # the difference part is still measured
     assert verdicts["B1-abs"][0] == REPRODUCED  # AdamW's gap alone is still measured
 
 
 def test_b1_is_a_geometric_mean_of_per_seed_ratios():
     values, _ = _verdicts(_runs(HOLDS))
     ratios = [0.3 * _noise("adamw", s) / (0.01 * _noise("muon", s)) for s in range(3)]
-    assert values["B1"]["estimate"] == pytest.approx(math.prod(ratios) ** (1 / 3))
+    assert values["B1"]["parts"]["ratio"]["estimate"] == pytest.approx(math.prod(ratios) ** (1 / 3))
 
 
 def test_b6_fails_when_one_optimizer_contradicts_growth():
@@ -176,10 +182,7 @@ def test_b6_fails_when_one_optimizer_contradicts_growth():
             return 2.0 + 0.01 * c.seed + 0.8 / c.depth  # muon: shrinks with depth
         return _loss(HOLDS, c)
 
-    runs = pd.DataFrame([{"optimizer": c.optimizer, "schedule": c.schedule, "mitigation": c.mitigation,
-                          "depth": c.depth, "momentum": c.momentum, "steps": c.steps, "seed": c.seed,
-                          "status": "ok", "final_val_loss": world_loss(c)} for c in cells(CFG)])
-    values, verdicts = _verdicts(runs)
+    values, verdicts = _verdicts(_runs(HOLDS, loss=world_loss))
     assert verdicts["B6"][0] == NOT_REPRODUCED
     assert values["B6"]["parts"]["growth"]["detail"].startswith("deciding comparison: muon")
 
@@ -192,7 +195,8 @@ def test_records_name_their_run_directories_and_tables(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["study"] == "async_pp" and doc["scale"] == "cpu" and set(doc["values"]) == set(CLAIM_IDS)
     b2 = doc["values"]["B2"]["sources"]
-    assert f"{ROOT}/optimizer~muon/schedule~2bw/mitigation~none/depth~1/momentum~0.95/steps~160/seed2" in b2
+    assert (f"{ROOT}/optimizer~muon/lr~tuned/head~tied/schedule~2bw/mitigation~none/depth~1/momentum~0.95/"
+            "steps~120/seed2") in b2
     assert b2[-2:] == [str(runs_csv), "paper_tables/async_pp_main.csv"]
     assert not any("adamw" in s for s in b2)
     evidence = load_evidence([out], "cpu")  # the verifier accepts the file
@@ -203,20 +207,21 @@ def test_records_name_their_run_directories_and_tables(tmp_path):
 
 def test_tables_name_diverged_runs(tmp_path):
     runs = _runs(HOLDS)
-    runs = _diverge(runs, (runs.optimizer == "lion") & (runs.mitigation == "taylor") & (runs.seed == 1))
+    runs = _diverge(runs, (runs.optimizer == "muon") & (runs.mitigation == "taylor") & (runs.seed == 1))
     g = Gaps(runs, CFG)
     main, mit = main_table(g), mitigations_table(g)
-    lion = mit.set_index("optimizer").loc["lion"]
-    assert lion["seeds"] == 2 and lion["diverged"] == "seed 1: lion 2bw+taylor diverged"
-    assert main.set_index("optimizer").loc["lion", "diverged"] == "none"  # taylor is not in the main table
-    assert main.set_index("optimizer").loc["muon", "ef_recovery_pct"] == pytest.approx(60.0)
+    muon = mit.set_index("optimizer").loc["muon"]
+    assert muon["seeds"] == 2 and muon["diverged"] == "seed 1: muon 2bw+taylor diverged"
+    assert main.set_index("optimizer").loc["muon", "diverged"] == "none"  # taylor is not in the main table
+    assert mit.set_index("optimizer").loc["muon", "ef_recovery_pct"] == pytest.approx(60.0)
     write_tables(g, str(tmp_path / "main.csv"), str(tmp_path / "mit.csv"), "cpu")
     md = (tmp_path / "mit.md").read_text()
-    assert "lion 2bw+taylor diverged" in md and "| none" in md
+    assert "muon 2bw+taylor diverged" in md and "| none" in md
 
 
 # ----------------------------------------------------------------------------------------------- aggregation
-def _write_runs(root: Path, cfg: dict, scale: str, diverged=lambda c: False) -> None:
+def _write_runs(root: Path, cfg: dict, scale: str, diverged=lambda c: False) -> list[str]:
+    paths = []
     for c in cells(cfg):
         d = Path(c.dir(str(root)))
         d.mkdir(parents=True)
@@ -224,18 +229,21 @@ def _write_runs(root: Path, cfg: dict, scale: str, diverged=lambda c: False) -> 
             rec = {"status": "diverged", "metrics": {"diverged_at_step": 7}, "timing": {"wall_s": 1.0}}
         else:
             v = _loss(HOLDS, c)
-            rec = {"status": "ok", "metrics": {"final_val_loss": v, "curve": [[1, 512, v + 1], [2, 1024, v]]},
+            rec = {"status": "ok", "metrics": {"final_val_loss": v, "plateau_delta": 0.001,
+                                               "curve": [[1, 512, v + 1], [2, 1024, v]]},
                    "timing": {"wall_s": 1.0, "step_s": 0.01}}
         (d / "metrics.json").write_text(json.dumps({**rec, "study": "async_pp", "scale": scale, "seed": c.seed}))
+        paths.append(str(d / "metrics.json"))
+    return paths
 
 
-def test_aggregate_reads_runs_through_the_harness_loader(tmp_path, monkeypatch):
+def test_aggregate_reads_the_files_it_is_given_through_the_harness_loader(tmp_path, monkeypatch):
     cfg = copy.deepcopy(SMOKE)
     root = tmp_path / "runs"
-    _write_runs(root, cfg, "smoke", diverged=lambda c: c.optimizer == "lion" and c.schedule == "2bw"
-                and c.mitigation == "none")
+    paths = _write_runs(root, cfg, "smoke", diverged=lambda c: c.optimizer == "lion" and c.schedule == "2bw"
+                        and c.mitigation == "none")
     runs_csv, curves_csv = tmp_path / "runs.csv", tmp_path / "curves.csv"
-    aggregate(cfg, str(root), str(runs_csv), str(curves_csv), "smoke")
+    aggregate(paths, str(runs_csv), str(curves_csv), "smoke", 512)
     runs = pd.read_csv(runs_csv)
     assert len(runs) == len(cells(cfg)) and set(runs.scale) == {"smoke"}
     lion = runs[(runs.optimizer == "lion") & (runs.schedule == "2bw") & (runs.mitigation == "none")]
@@ -246,18 +254,21 @@ def test_aggregate_reads_runs_through_the_harness_loader(tmp_path, monkeypatch):
     assert len(curves) == 2 * (runs.status == "ok").sum()
     g = Gaps(runs, cfg)
     assert main_table(g).set_index("optimizer").loc["lion", "diverged"] == "seed 0: lion 2bw diverged"
+    # only the files given are read: a subset gives a subset
+    aggregate(paths[:3], str(runs_csv), str(curves_csv), "smoke")
+    assert len(pd.read_csv(runs_csv)) == 3
     # the scale comes from the environment when not given, and a run of another scale is refused
     monkeypatch.setenv("GRADFIDELITY_SCALE", "cpu")
     with pytest.raises(UserError, match="not 'cpu'"):
-        aggregate(cfg, str(root), str(runs_csv), str(curves_csv))
+        aggregate(paths, str(runs_csv), str(curves_csv))
     monkeypatch.delenv("GRADFIDELITY_SCALE")
     with pytest.raises(UserError, match="no scale"):
-        aggregate(cfg, str(root), str(runs_csv), str(curves_csv))
+        aggregate(paths, str(runs_csv), str(curves_csv))
 
 
-def test_aggregate_refuses_missing_runs(tmp_path):
-    with pytest.raises(UserError, match="have no metrics.json"):
-        aggregate(copy.deepcopy(SMOKE), str(tmp_path), str(tmp_path / "r.csv"), str(tmp_path / "c.csv"), "smoke")
+def test_aggregate_refuses_a_path_that_names_no_cell(tmp_path):
+    with pytest.raises(UserError, match="not an async_pp run path"):
+        aggregate([str(tmp_path / "x" / "metrics.json")], str(tmp_path / "r.csv"), str(tmp_path / "c.csv"), "smoke")
 
 
 def test_cli_aggregate_and_report_with_scale(tmp_path, monkeypatch):
@@ -266,16 +277,84 @@ def test_cli_aggregate_and_report_with_scale(tmp_path, monkeypatch):
     monkeypatch.delenv("GRADFIDELITY_SCALE", raising=False)
     cfg = copy.deepcopy(SMOKE)
     root, runs_csv, curves_csv = tmp_path / "runs", tmp_path / "runs.csv", tmp_path / "curves.csv"
-    _write_runs(root, cfg, "smoke")
+    paths = _write_runs(root, cfg, "smoke")
     c = json.dumps(cfg)
-    assert main(["async-pp-aggregate", "--cfg", c, "--root", str(root), "--runs", str(runs_csv), "--curves",
+    assert main(["async-pp-aggregate", "--metrics", *paths, "--runs", str(runs_csv), "--curves",
                  str(curves_csv), "--scale", "smoke"]) == 0
     out, main_csv = tmp_path / "claims.json", tmp_path / "main.csv"
-    assert main(["async-pp-report", "--cfg", c, "--runs", str(runs_csv), "--scale", "smoke", "--claims", str(out),
-                 "--main-table", str(main_csv), "--mitigations-table", str(tmp_path / "mit.csv")]) == 0
+    assert main(["async-pp-report", "--cfg", c, "--runs", str(runs_csv), "--curves", str(curves_csv), "--scale",
+                 "smoke", "--claims", str(out), "--main-table", str(main_csv), "--mitigations-table",
+                 str(tmp_path / "mit.csv")]) == 0
     values = load_evidence([out], "smoke")["async_pp"]["values"]
     assert values["B2"]["n"] == 1 and values["B2"]["sources"][-3:] == [str(runs_csv), str(main_csv),
                                                                         str(tmp_path / "mit.csv")]
     assert judge(ROWS["B2"], values["B2"], True, "smoke") == (NOT_MEASURED, "n = 1 < min_n = 3")
     assert main(["async-pp-report", "--cfg", c, "--runs", str(runs_csv), "--scale", "cpu", "--claims",
                  str(out)]) == 2  # runs.csv of another scale
+
+
+# ----------------------------------------------------------------------------------------------- cases that can fail
+def _world(**gap) -> dict:
+    return {**HOLDS, "gap": {**HOLDS["gap"], **gap}}
+
+
+def test_b3_fails_on_the_reversed_ordering():
+    """Muon 0.30, AdamW 0.01 with SOAP/Adan/Lion in between: the old min/max count said 3 of 3; it must fail."""
+    values, verdicts = _verdicts(_runs(_world(adamw=0.01, muon=0.3, soap=0.05, adan=0.1, lion=0.2)))
+    assert verdicts["B3"][0] == NOT_REPRODUCED, values["B3"]
+    assert all(verdicts_part == NOT_REPRODUCED for verdicts_part in
+               (judge({**ROWS["B3"], "check": ROWS["B3"]["check"]["parts"][o]}, values["B3"]["parts"][o], True,
+                      "cpu")[0] for o in ("soap", "adan", "lion")))
+
+
+def test_b3_fails_when_one_optimizer_is_outside():
+    values, verdicts = _verdicts(_runs(_world(lion=0.5)))  # lion above AdamW
+    assert verdicts["B3"][0] == NOT_REPRODUCED
+    assert values["B3"]["parts"]["lion"]["detail"].startswith("deciding comparison: adamw - lion")
+
+
+def test_b1_fails_on_the_reversed_ordering_and_on_a_small_ratio():
+    values, verdicts = _verdicts(_runs(_world(adamw=0.01, muon=0.3)))
+    assert verdicts["B1"][0] == NOT_REPRODUCED and values["B1"]["parts"]["difference"]["high"] < 0
+    values, verdicts = _verdicts(_runs(_world(adamw=0.3, muon=0.15)))  # larger, but only 2x
+    assert verdicts["B1"][0] == NOT_REPRODUCED
+    assert values["B1"]["parts"]["difference"]["low"] > 0 and values["B1"]["parts"]["ratio"]["high"] < 5
+
+
+def test_b2_signed_gap_large_either_way_is_not_reproduced_and_a_negative_one_is_named():
+    _, verdicts = _verdicts(_runs(_world(muon=0.1)))  # 5% of the sync loss
+    assert verdicts["B2"][0] == NOT_REPRODUCED
+    _, verdicts = _verdicts(_runs(_world(muon=-0.1)))  # async 5% below sync: not "a small gap" either
+    assert verdicts["B2"][0] == NOT_REPRODUCED
+    values, verdicts = _verdicts(_runs(_world(muon=-0.005)))
+    assert verdicts["B2"][0] == REPRODUCED and "no gap" in values["B2"]["detail"]
+
+
+def test_a_sync_loss_still_falling_makes_the_gap_claims_not_measured():
+    values, verdicts = _verdicts(_runs({**HOLDS, "plateau": 0.2}))
+    for cid in ("B1", "B1-abs", "B2", "B3", "B4", "B5-muon", "B5-adamw", "B6", "B7", "B9-taylor"):
+        assert verdicts[cid][0] == NOT_MEASURED, cid
+        assert "sync_plateau" in verdicts[cid][1] and "not plateaued" in verdicts[cid][1], verdicts[cid]
+
+
+def test_a_diverged_2bw_seed_is_dropped_from_every_claim_that_needs_it():
+    runs = _runs(HOLDS)
+    runs = _diverge(runs, (runs.optimizer == "adamw") & (runs.schedule == "2bw") & (runs.seed == 0))
+    values, verdicts = _verdicts(runs)
+    for cid in ("B1", "B3", "B5-adamw"):
+        assert values[cid]["n"] == 2 and values[cid]["diverged"] == 1, cid
+        assert verdicts[cid] == (NOT_MEASURED, "n = 2 < min_n = 3")
+    assert values["B2"]["n"] == 3  # Muon's claim does not need AdamW's runs
+
+
+def test_main_table_reports_gap_intervals_extra_steps_and_the_plateau_gate():
+    from gradfidelity.studies.async_pp.analysis import extra_steps
+
+    assert extra_steps([10, 20, 30, 40], [3.0, 2.0, 1.5, 1.0], 2.0) == pytest.approx(20.0)
+    assert extra_steps([10, 20, 30, 40], [3.0, 2.0, 1.5, 1.0], 1.75) == pytest.approx(15.0)
+    assert math.isnan(extra_steps([10, 20], [3.0, 2.0], 1.9))  # async below sync's final loss
+    main = main_table(Gaps(_runs(HOLDS), CFG)).set_index("optimizer")
+    assert main.loc["adamw", "gap_low"] < main.loc["adamw", "gap"] < main.loc["adamw", "gap_high"]
+    assert main.loc["adamw", "plateau_gate"] == "pass"
+    main = main_table(Gaps(_runs({**HOLDS, "plateau": 0.2}), CFG)).set_index("optimizer")
+    assert main.loc["muon", "plateau_gate"] == "FAIL"

@@ -80,3 +80,44 @@ def test_wsd_schedule():
     f = [lr_factor(t, 10, 2, 4) for t in range(10)]
     assert f[0] == 0.5 and f[1] == 1.0 and f[5] == 1.0
     assert f[9] == pytest.approx(0.1) and f[6] == pytest.approx(1 - 0.9 * 0.25)
+
+
+def _one_step(name, named, zero_grad_for=()):
+    opt = build_optimizer(name, named)
+    for n, p in named:
+        p.grad = torch.zeros_like(p) if n in zero_grad_for else torch.ones_like(p)
+    opt.step()
+    return opt
+
+
+def test_mars_does_not_decay_1d_gains():
+    cfg = ModelConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
+    m = build_model(cfg, 0)
+    named = list(m.named_parameters())
+    gains = [n for n, p in named if p.ndim == 1]
+    before = {n: p.detach().clone() for n, p in named}
+    _one_step("mars", named, zero_grad_for=set(gains))
+    for n, p in named:
+        if n in gains:  # zero gradient, no decay: unchanged (pytorch-optimizer's default would shrink them)
+            assert torch.equal(p.detach(), before[n]), n
+    opt = build_optimizer("mars", named)
+    assert all(g["weight_decay_1d"] == 0.0 for g in opt.param_groups)
+
+
+def test_muon_lr_is_width_adjusted():
+    """use_adjusted_lr: the per-entry RMS of an orthogonalised update is 0.2 lr at any width (Moonlight)."""
+    rms = {}
+    for d in (16, 64):
+        cfg = ModelConfig(vocab_size=40, d_model=d, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=2 * d, max_seq_len=8)
+        m = build_model(cfg, 0, dtype=torch.float64)
+        named = list(m.named_parameters())
+        w = m.layers[0].mlp.up_proj.weight
+        before = w.detach().clone()
+        opt = build_optimizer("muon", named, lr=1e-2)
+        assert all(g["use_adjusted_lr"] for g in opt.param_groups if g["use_muon"])
+        for _, p in named:
+            p.grad = torch.randn(p.shape, dtype=p.dtype, generator=torch.Generator().manual_seed(d))
+        opt.step()
+        rms[d] = float((w.detach() - before).pow(2).mean().sqrt())
+    assert rms[16] == pytest.approx(rms[64], rel=0.25)  # Keller Jordan's factor would differ by ~2x here
+    assert rms[64] == pytest.approx(0.2 * 1e-2, rel=0.25)

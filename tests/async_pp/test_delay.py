@@ -181,3 +181,55 @@ def test_bad_names_are_user_errors():
         DelaySpec("2bw", "magic")
     with pytest.raises(UserError, match="delayed schedule"):
         DelaySpec("sync", "error_feedback")
+
+
+# ----------------------------------------------------------------------------------------------- tied weights
+def _decoder(tie: bool):
+    from gradfidelity.studies.async_pp.model import ModelConfig, build_model
+
+    cfg = ModelConfig(vocab_size=20, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8,
+                      tie_embeddings=tie)
+    return build_model(cfg, seed=0, dtype=torch.float64)
+
+
+def test_pipedream_last_stage_is_fresh_with_an_untied_head():
+    """Spy on where the gradient is evaluated: at step t >= P-1 the LM head and final norm (last stage) are the live
+    parameters, the embedding (stage 0) is the copy of P-1 updates ago."""
+    from gradfidelity.studies.async_pp.delay import model_loss_fn
+    from gradfidelity.studies.async_pp.model import lm_loss, stage_of_params
+
+    P = 4
+    m = _decoder(tie=False)
+    stages = stage_of_params(m, P)
+    assert stages["lm_head.weight"] == P - 1 and stages["norm.weight"] == P - 1 and stages["embed_tokens.weight"] == 0
+    sim = DelaySimulator(m, torch.optim.SGD(m.parameters(), lr=0.1), DelaySpec("pipedream", depth=P), stages)
+    x, y = torch.randint(0, 20, (2, 8)), torch.randint(0, 20, (2, 8))
+    inner = model_loss_fn(m, [(x, y)], lm_loss)
+    seen, embed_history = [], []
+    live = dict(m.named_parameters())
+
+    def spy(params, j):  # the values at evaluation time (the live ones move in the update after)
+        seen.append({"head_is_live": params["lm_head.weight"] is live["lm_head.weight"],
+                     "norm_is_live": params["norm.weight"] is live["norm.weight"],
+                     "embed": params["embed_tokens.weight"].detach().clone()})
+        return inner(params, j)
+
+    for t in range(6):
+        embed_history.append(m.embed_tokens.weight.detach().clone())
+        sim.step(t, spy)
+        pt = seen[-1]
+        assert pt["head_is_live"] and pt["norm_is_live"]
+        stale = embed_history[max(t - (P - 1), 0)]
+        assert torch.equal(pt["embed"], stale)
+        if t >= P - 1:
+            assert not torch.equal(stale, m.embed_tokens.weight.detach())  # really stale: it has moved since
+
+
+def test_pipedream_refuses_a_tied_head():
+    from gradfidelity.studies.async_pp.model import stage_of_params
+
+    m = _decoder(tie=True)
+    with pytest.raises(UserError, match="untied"):
+        DelaySimulator(m, torch.optim.SGD(m.parameters(), lr=0.1), DelaySpec("pipedream", depth=2),
+                       stage_of_params(m, 2))
+    DelaySimulator(m, torch.optim.SGD(m.parameters(), lr=0.1), DelaySpec("2bw"))  # 2bw: one delay, tying is fine

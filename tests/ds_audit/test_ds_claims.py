@@ -22,7 +22,20 @@ from gradfidelity.claims.verify import (
 from gradfidelity.cli import main
 from gradfidelity.studies.ds_audit import claims
 from gradfidelity.studies.ds_audit.ds_step import DSCase
-from gradfidelity.studies.ds_audit.matrix import rows_for_group
+from gradfidelity.studies.ds_audit.rows import rows_for_group
+
+
+def state(c, *, steps=1, tol=1e-3, resid=1e-9, gn=None, rok=None, kept_norm=0.25, clip=0.0, clip_applied=1.0,
+          clip_full=1.0, cpu_ok=True):
+    step = {"contributions": list(c), "residual": resid, "grad_norm_ratio": gn, "reported_over_kept": rok,
+            "kept_norm": kept_norm, "clip_applied": clip_applied, "clip_full": clip_full, "true_norm": 0.25,
+            "applied_norm": 0.25, "reported_norm": None, "max_param_dev": 0.0}
+    dropped = [i for i, x in enumerate(c) if abs(x) <= tol]
+    faithful = all(abs(x - clip_full) <= tol for x in c) and resid <= tol
+    return {"status": "ok", "seconds": 0.1, "result": {
+        "per_step": [dict(step) for _ in range(steps)], "tolerance": tol, "slots_per_rank": len(c), "world": 1,
+        "clip": clip, "faithful": faithful, "dropped": [dropped] * steps,
+        "extra": {"cpu_reduce_buckets_work": cpu_ok}}}
 
 ROWS = {row["id"]: row for row in load_registry() if row["study"] == "ds_audit"}
 
@@ -32,11 +45,8 @@ def _verdict(cid: str, rec: dict) -> str:
     return judge(ROWS[cid], rec, True, "smoke")[0]
 
 
-def _state(c, norm=None, tol=1e-3):
-    return {"status": "ok", "seconds": 0.1, "result": {
-        "contributions": c, "tolerance": tol, "residual": 1e-9, "dropped": [i for i, x in enumerate(c) if x == 0],
-        "faithful": all(x == 1 for x in c), "grad_norm_ratio": norm, "applied_norm_ratio": norm or 1.0,
-        "max_param_dev": 0.0, "extra": {}}}
+def _state(c, norm=None, tol=1e-3, **kw):
+    return state(c, tol=tol, gn=norm, rok=None if norm is None else 1.0, **kw)
 
 
 def _matrix(*groups) -> pd.DataFrame:
@@ -77,6 +87,16 @@ def test_a1_fails_on_one_disagreeing_row_and_ignores_errors():
     assert rec["estimate"] == 2 and rec["n"] == 3
     assert "1 could not run" in rec["detail"] and "0.19.8 r1 z2 cpu ga4" in rec["detail"]
     assert _verdict("A1", rec) == NOT_REPRODUCED
+
+
+def test_a1_every_row_errored_is_not_measured():
+    """Rows that errored are not counted; when every row errored nothing was measured (not 'reproduced', n 0)."""
+    err = {"status": "error", "error": "RuntimeError: boom"}
+    df = _matrix(("0.18.9", 1, [(DSCase(2, "cpu", 4, "fp32"), err), (DSCase(0, "none", 2, "fp32"), err)]),
+                 ("0.19.8", 1, [(DSCase(3, "cpu", 8, "fp32"), err)]))
+    rec = claims.a1(df)
+    assert rec["estimate"] is None and rec["n"] == 0 and "3 of 3 could not run" in rec["detail"]
+    assert _verdict("A1", rec) == NOT_MEASURED
 
 
 def test_a1_without_rows_is_not_measured():
@@ -152,29 +172,36 @@ def test_a2_fails_when_ga2_drops():
 
 
 # ------------------------------------------------------------------------------------------------------------- A3
-def _ga8(norm_r1_fp32, norm_r1_bf16=0.3):
-    drop = [1, 0, 0, 0, 0, 0, 0, 1]
-    return _matrix(("0.18.9", 1, [(DSCase(2, "cpu", 8, "fp32"), _state(drop, norm=norm_r1_fp32)),
-                                  (DSCase(2, "cpu", 8, "bf16"), _state(drop, norm=norm_r1_bf16, tol=3e-2))]))
+DROP8 = [1, 0, 0, 0, 0, 0, 0, 1]
 
 
-def test_a3_holds_at_two_over_n():
-    rec = claims.a3(_ga8(0.25 * 1.1))
-    assert rec["estimate"] == pytest.approx(1.1) and rec["n"] == 1  # the r1 fp32 row decides; others in detail
-    assert "r1 bf16 1.200" in rec["detail"]
-    assert rec["sources"] == ["results/ds_audit/matrix/deepspeed~0.18.9/ranks~1/seed0"]
+def _ga8(rok=1.0, clip_applied=1.0, kept=0.5, pattern=DROP8):
+    """0.18.9 ZeRO-2 + offload GA 8: a clipping-off row (reported / kept = rok) and an active-clipping row whose
+    full gradient has norm 2 (coefficient 0.5) and whose kept gradient has norm `kept`."""
+    off = DSCase(2, "cpu", 8, "fp32", steps=2)
+    act = DSCase(2, "cpu", 8, "fp32", clip=1.0, target_norm=2.0)
+    return _matrix(("0.18.9", 1, [(off, state(pattern, steps=2, gn=0.3, rok=rok)),
+                                  (act, state([x * clip_applied for x in pattern], rok=1.0, kept_norm=kept,
+                                              clip=1.0, clip_applied=clip_applied, clip_full=0.5))]))
+
+
+def test_a3_holds_when_norm_and_clip_are_those_of_the_kept_gradient():
+    rec = claims.a3(_ga8())
+    assert rec["parts"]["norm"]["estimate"] == pytest.approx(0.0) and rec["parts"]["clip"]["estimate"] == 0.0
+    assert all(g["passed"] for g in rec["gates"])
+    assert "1.200" in rec["detail"]  # 0.3 / (2/8): the alignment figure, reported only
     assert _verdict("A3", rec) == REPRODUCED
 
 
-@pytest.mark.parametrize("norm", [1.0, 0.5])  # full norm (no drop), sqrt(2/N) (unrelated gradients)
-def test_a3_fails_away_from_two_over_n(norm):
-    rec = claims.a3(_ga8(norm))
-    assert rec["estimate"] == pytest.approx(norm / 0.25)
+@pytest.mark.parametrize(("rok", "clip_applied"), [(4.0, 1.0), (1.0, 0.5)])  # full norm reported; full-gradient clip
+def test_a3_fails_when_norm_or_clip_use_the_full_gradient(rok, clip_applied):
+    rec = claims.a3(_ga8(rok=rok, clip_applied=clip_applied))
     assert _verdict("A3", rec) == NOT_REPRODUCED
 
 
-def test_a3_without_a_reported_norm_is_not_measured():
-    assert _verdict("A3", claims.a3(_ga8(None, None))) == NOT_MEASURED
+def test_a3_without_the_bug_or_rows_is_not_measured():
+    assert _verdict("A3", claims.a3(_ga8(pattern=[1] * 8, kept=2.0, clip_applied=0.5))) == NOT_MEASURED  # no drop
+    assert _verdict("A3", claims.a3(_ga8().iloc[:1])) == NOT_MEASURED  # no clipping row
 
 
 # ------------------------------------------------------------------------------------------------------------- A4
@@ -210,7 +237,7 @@ def test_a4_undefined_correlation_is_not_measured(errors):
 
 def test_no_record_is_ever_inconclusive_or_unvalidated():
     """Exact records have zero-width intervals: a verdict is never 'inconclusive' for this study."""
-    df = _ga8(0.25)
+    df = _ga8()
     ev = claims.evidence(df, _summary([0.0, 0.1]), "smoke")
     assert set(ev["values"]) == set(ROWS) and ev["study"] == "ds_audit" and ev["scale"] == "smoke"
     for cid, rec in ev["values"].items():
@@ -236,9 +263,11 @@ def _tables_args(tmp_path, groups, loss, scale="smoke"):
 
 def _fixture_runs(tmp_path, scale="smoke"):
     cases = [DSCase(2, "cpu", 4, "fp32"), DSCase(2, "cpu", 2, "fp32"), DSCase(1, "cpu", 4, "fp32"),
-             DSCase(2, "cpu", 8, "fp32"), DSCase(2, "cpu", 1, "fp32", 4)]
+             DSCase(2, "cpu", 8, "fp32"), DSCase(2, "cpu", 1, "fp32", 4),
+             DSCase(2, "cpu", 8, "fp32", clip=1.0, target_norm=2.0)]
     states = [_state([1, 0, 0, 1]), _state([1, 1]), _state([1, 1, 1, 1]),
-              _state([1, 0, 0, 0, 0, 0, 0, 1], norm=0.25), _state([0, 0, 0, 1])]
+              _state(DROP8, norm=0.25), _state([0, 0, 0, 1]),
+              state(DROP8, rok=1.0, kept_norm=0.5, clip=1.0, clip_full=0.5)]
     group = _write_run(tmp_path / "matrix/deepspeed~0.18.9/ranks~1/seed0/metrics.json",
                        {"deepspeed": "0.18.9", "ranks": 1, "cases": [asdict(c) for c in cases], "states": states},
                        scale)

@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from gradfidelity.studies.ds_audit.loss_agg import (
     METHODS,
@@ -63,10 +62,22 @@ def test_equal_lengths_make_all_means_coincide():
         torch.testing.assert_close(got[m], got["global_token_mean"], rtol=1e-6, atol=1e-9)
 
 
-def test_unequal_lengths_bend_the_gradient():
+def test_unequal_lengths_weights_by_hand():
+    """Sequences of 2, 2 | 14, 14 | 8, 8 tokens -> 1, 1 | 13, 13 | 7, 7 predictions, T = 42, M = 3. The
+    per-micro-batch mean gives a token of micro-batch 0 the weight 1 / (3 * 2) = 7 / 42 (7x the global 1 / 42), of
+    micro-batch 1 1 / (3 * 26) = 1 / 78, of micro-batch 2 1 / (3 * 14) = 1 / 42; the per-sequence mean gives
+    1 / (6 * n_s). The gradient is that weighted sum of the per-micro-batch loss sums, written out by hand."""
     lengths = np.array([[2, 2], [14, 14], [8, 8]])
+    w = token_weights(lengths)
+    want_mb = {0: 1 / 6, 1: 1 / 78, 2: 1 / 42}
+    for j, arr in enumerate(w["per_microbatch_mean"]):
+        np.testing.assert_allclose(arr, want_mb[j // 2])
+    np.testing.assert_allclose([a[0] for a in w["per_sequence_mean"]], [1 / 6, 1 / 6, 1 / 78, 1 / 78, 1 / 42, 1 / 42])
+    np.testing.assert_allclose(np.concatenate(w["global_token_mean"]), 1 / 42)
     model = build_model(CFG, seed=2)
-    got = gradients(model, per_token_losses(model, lengths, CFG, seed=2), token_weights(lengths))
+    got = gradients(model, per_token_losses(model, lengths, CFG, seed=2), w)
+    seq = per_token_losses(model, lengths, CFG, seed=2)
+    by_hand = sum(want_mb[m] * torch.cat(seq[2 * m: 2 * m + 2]).sum() for m in range(3))
+    torch.testing.assert_close(got["per_microbatch_mean"], _flat_grad(model, by_hand), rtol=1e-5, atol=1e-7)
     ref = got["global_token_mean"]
     assert float((got["per_microbatch_mean"] - ref).norm() / ref.norm()) > 0.01
-    assert F.cosine_similarity(got["per_microbatch_mean"], ref, dim=0) < 1

@@ -1,62 +1,87 @@
-"""Fault-matrix bookkeeping: the bug description's predictions per row, the agreement test, and the table rows built
-from made-up probe states (claim evidence on such rows: test_ds_claims.py)."""
+"""Fault-matrix bookkeeping: the bug description's predictions per row, the agreement test (per step, with
+clipping), and the table rows built from made-up probe states (claim evidence on such rows: test_ds_claims.py)."""
 
 import pandas as pd
 import pytest
 
 from gradfidelity.errors import UserError
+from gradfidelity.studies.ds_audit.audit import fmt_vector
 from gradfidelity.studies.ds_audit.ds_step import DSCase
-from gradfidelity.studies.ds_audit.matrix import MatrixConfig, compare, fmt_vector, prediction, rows_for_group
+from gradfidelity.studies.ds_audit.matrix import MatrixConfig
+from gradfidelity.studies.ds_audit.prediction import compare, prediction
+from gradfidelity.studies.ds_audit.rows import rows_for_group
 
 
-@pytest.mark.parametrize(("version", "case", "ranks", "want"), [
-    ("0.18.9", DSCase(2, "cpu", 4, "fp32"), 1, [1, 0, 0, 1]),
-    ("0.18.9", DSCase(2, "cpu", 4, "bf16"), 2, [1, 0, 0, 1, 1, 0, 0, 1]),
-    ("0.18.9", DSCase(2, "cpu", 2, "fp32"), 1, [1, 1]),
-    ("0.18.9", DSCase(2, "none", 8, "fp32"), 1, [1] * 8),
-    ("0.18.9", DSCase(3, "cpu", 4, "fp32"), 1, [1] * 4),
-    ("0.18.9", DSCase(0, "cpu", 4, "fp32"), 1, [1] * 4),
-    ("0.16.3", DSCase(2, "cpu", 3, "fp32"), 1, [1, 0, 1]),
-    ("0.19.8", DSCase(2, "cpu", 8, "fp32"), 1, [1] * 8),
-    ("0.18.9", DSCase(2, "cpu", 1, "fp32", backward_calls=4), 1, [0, 0, 0, 1]),
-    ("0.18.9", DSCase(1, "cpu", 4, "fp32"), 2, None),
-    ("0.18.9", DSCase(1, "cpu", 1, "fp32", backward_calls=4), 1, None),
-    ("0.18.9", DSCase(2, "none", 1, "fp32", backward_calls=4), 1, [1] * 4),
+def state(c, *, steps=1, tol=1e-3, resid=1e-9, gn=None, rok=None, kept_norm=0.25, clip=0.0, clip_applied=1.0,
+          clip_full=1.0, cpu_ok=True):
+    step = {"contributions": list(c), "residual": resid, "grad_norm_ratio": gn, "reported_over_kept": rok,
+            "kept_norm": kept_norm, "clip_applied": clip_applied, "clip_full": clip_full, "true_norm": 0.25,
+            "applied_norm": 0.25, "reported_norm": None, "max_param_dev": 0.0}
+    dropped = [i for i, x in enumerate(c) if abs(x) <= tol]
+    faithful = all(abs(x - clip_full) <= tol for x in c) and resid <= tol
+    return {"status": "ok", "seconds": 0.1, "result": {
+        "per_step": [dict(step) for _ in range(steps)], "tolerance": tol, "slots_per_rank": len(c), "world": 1,
+        "clip": clip, "faithful": faithful, "dropped": [dropped] * steps,
+        "extra": {"cpu_reduce_buckets_work": cpu_ok}}}
+
+@pytest.mark.parametrize(("version", "case", "ranks", "want", "clip"), [
+    ("0.18.9", DSCase(2, "cpu", 4, "fp32"), 1, [1, 0, 0, 1], 0.0),
+    ("0.18.9", DSCase(2, "cpu", 4, "bf16"), 2, [1, 0, 0, 1, 1, 0, 0, 1], 0.0),
+    ("0.18.9", DSCase(2, "cpu", 2, "fp32"), 1, [1, 1], 0.0),
+    ("0.18.9", DSCase(2, "none", 8, "fp32"), 1, [1] * 8, 0.0),
+    ("0.18.9", DSCase(3, "cpu", 4, "fp32"), 1, [1] * 4, 0.0),
+    ("0.16.3", DSCase(2, "cpu", 3, "fp32"), 1, [1, 0, 1], 0.0),
+    ("0.19.8", DSCase(2, "cpu", 8, "fp32"), 1, [1] * 8, 0.0),
+    ("0.18.9", DSCase(2, "cpu", 1, "fp32", backward_calls=4), 1, [0, 0, 0, 1], 0.0),
+    ("0.18.9", DSCase(1, "cpu", 4, "fp32"), 2, None, 0.0),
+    ("0.18.9", DSCase(2, "none", 1, "fp32", backward_calls=4), 1, [1] * 4, 0.0),
+    ("0.19.8", DSCase(2, "none", 1, "fp32", backward_calls=4, boundary="none"), 1, [0, 0, 0, 1], 0.0),
+    ("0.19.8", DSCase(2, "cpu", 1, "fp32", backward_calls=4, boundary="none"), 1, None, 0.0),
+    ("0.18.9", DSCase(2, "cpu", 1, "fp32", backward_calls=4, boundary="none"), 2, [0, 0, 0, 1] * 2, 0.0),
+    ("0.19.8", DSCase(0, "none", 1, "fp32", clip=None), 1, [1], 1.0),  # silent config: 0.19's default 1.0
+    ("0.18.9", DSCase(0, "none", 1, "fp32", clip=None), 1, [1], 0.0),  # 0.18.9's default 0
 ])
-def test_prediction(version, case, ranks, want):
-    assert prediction(version, case, ranks)[0] == want
+def test_prediction(version, case, ranks, want, clip):
+    pattern, threshold, _ = prediction(version, case, ranks)
+    assert pattern == want and threshold == clip
 
 
-def test_compare_and_format():
-    res = {"contributions": [1.0, 1e-6, -2e-6, 0.9999], "tolerance": 1e-3, "residual": 1e-8}
-    assert compare(res, [1, 0, 0, 1]) == "yes"
-    assert compare(res, [1, 1, 1, 1]) == "NO"
-    assert compare(res, None) == "open"
-    assert compare({**res, "residual": 0.5}, [1, 0, 0, 1]) == "NO"
-    assert fmt_vector(res["contributions"], 1e-3) == "[1, 0, 0, 1]"
+def test_compare_per_step_and_clipping():
+    ok = state([1.0, 1e-6, -2e-6, 0.9999], steps=3)["result"]
+    assert compare(ok, [1, 0, 0, 1]) == "yes"
+    assert compare(ok, [1, 1, 1, 1]) == "NO"
+    assert compare(ok, None) == "open"
+    stale = state([1, 0, 0, 1], steps=3)["result"]
+    stale["per_step"][1]["residual"] = 0.7  # step 2 carries an earlier step's gradient
+    assert compare(stale, [1, 0, 0, 1]) == "NO"
+    clipped = state([0.5, 0.5], kept_norm=2.0, clip=1.0)["result"]  # clipped on the kept norm: coefficient 0.5
+    assert compare(clipped, [1, 1], 1.0) == "yes"
+    assert compare(clipped, [1, 1], 0.0) == "NO"  # threshold used differs from the predicted one
+
+
+def test_format():
+    assert fmt_vector([1.0, 1e-6, -2e-6, 0.9999], 1e-3) == "[1, 0, 0, 1]"
     assert fmt_vector([1.0, 0.5], 1e-3) == "[1, 0.50]"
 
 
 def test_matrix_config():
     m = MatrixConfig.from_dict({"ga": [1, 2, 3, 4, 8], "multi_backward": {"calls": 4, "dtypes": ["fp32"]}})
-    assert len(m.cases()) == 4 * 2 * 5 * 2 + 4 * 2 * 1
+    assert len(m.cases()) == 4 * 2 * 5 * 2 + 2 * 4 * 2 + 2 * 4 * 2 * 2
+    assert {c.boundary for c in m.cases() if c.backward_calls > 1} == {"manual", "none"}
+    assert sum(c.clip is None for c in m.cases()) == 16
     with pytest.raises(UserError, match="unknown keys"):
         MatrixConfig.from_dict({"gaa": [1]})
-
-
-def _state(c, tol=1e-3, resid=1e-9, norm=None):
-    return {"status": "ok", "seconds": 0.1, "result": {
-        "contributions": c, "tolerance": tol, "residual": resid, "dropped": [i for i, x in enumerate(c) if x == 0],
-        "faithful": all(x == 1 for x in c), "grad_norm_ratio": norm, "applied_norm_ratio": norm or 1.0,
-        "max_param_dev": 0.0, "extra": {}}}
+    with pytest.raises(UserError, match="clipping: unknown keys"):
+        MatrixConfig.from_dict({"clipping": {"mode": ["active"]}})
 
 
 def test_rows_record_prediction_and_agreement():
     cases = [DSCase(2, "cpu", 4, "fp32"), DSCase(0, "none", 2, "fp32"), DSCase(1, "cpu", 4, "fp32"),
              DSCase(1, "cpu", 1, "fp32", 4)]
-    states = [_state([1, 0, 0, 1]), _state([1, 0.5]), {"status": "error", "error": "RuntimeError: boom"},
-              _state([0, 0, 0, 1])]
+    states = [state([1, 0, 0, 1], steps=2), state([1, 0.5]), {"status": "error", "error": "RuntimeError: boom"},
+              state([0, 0, 0, 1])]
     df = pd.DataFrame(rows_for_group("0.18.9", 1, cases, states))
     assert list(df.predicted) == ["[1,0,0,1]", "[1,1]", "[1,1,1,1]", "open"]
     assert list(df.agrees_with_prediction) == ["yes", "NO", "error", "open"]
-    assert df.error[2] == "RuntimeError: boom" and df.contributions[0] == "[1, 0, 0, 1]"
+    assert df.error[2] == "RuntimeError: boom" and df.contributions[0] == "[1, 0, 0, 1] | [1, 0, 0, 1]"
+    assert df.result[0]["per_step"][1]["contributions"] == [1, 0, 0, 1]  # raw values for the claims

@@ -1,95 +1,98 @@
-"""The probe itself, tested without DeepSpeed: a hand-built accumulator drops / re-weights chosen micro-batches and
-the probe must recover exactly that weighting (and must flag it)."""
+"""The probe itself, tested without DeepSpeed: hand-built accumulators drop, re-weight, clip or leave stale
+gradients, and the probe must recover exactly that, step by step, and flag it."""
 
 import pytest
 import torch
 
-from gradfidelity.studies.ds_audit.probe import (
-    DTYPES,
-    ProbeSpec,
-    loss_fn,
-    predicted_norm_ratio_under_drop,
-    probe_plain,
-)
+from gradfidelity.studies.ds_audit.probe import DTYPES, ProbeSpec, clip_coefficient, loss_fn, probe_plain
 
 
-def weighted_accumulator(weights, spec, extra=None):
+def accumulator(weights, spec, *, stale=False, clip=0.0):
     """A plain-torch step that accumulates micro-batch k with weight weights[k] (0 = dropped), as DeepSpeed scales
-    losses (/ ga, mean over ranks), then ONE SGD(lr=1) step; returns the norm of what it applied."""
+    losses (/ ga, mean over ranks), optionally clips on the accumulated norm, then ONE SGD(lr=1) step; with
+    `stale`, the buffer is never zeroed between optimizer steps. Returns the norm of what it accumulated."""
+    buf = {}
 
-    def step(model, batches):
-        opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        opt.zero_grad(set_to_none=True)
-        grads = [torch.zeros_like(p, dtype=torch.float32) for p in model.parameters()]
-        for k, x, y in batches:
+    def step(model, batches, s):
+        if not stale or not buf:
+            buf["g"] = [torch.zeros_like(p, dtype=torch.float32) for p in model.parameters()]
+        grads = buf["g"]
+        for j, (k, x, y) in enumerate(batches):
             model.zero_grad(set_to_none=True)
             (loss_fn(model(x.to(DTYPES[spec.dtype]), k), y) / spec.ga).backward()
             for g, p in zip(grads, model.parameters(), strict=True):
-                g += weights[k] * p.grad.float() / spec.world
-        if extra is not None:
-            grads[0] += extra
-        for g, p in zip(grads, model.parameters(), strict=True):
-            p.grad = g.to(p.dtype)
-        opt.step()
-        return float(torch.cat([g.reshape(-1) for g in grads]).norm())
+                g += weights[j] * p.grad.float() / spec.world
+        norm = float(torch.cat([g.reshape(-1) for g in grads]).norm())
+        coef = clip_coefficient(norm, clip)
+        with torch.no_grad():
+            for g, p in zip(grads, model.parameters(), strict=True):
+                p -= (coef * g).to(p.dtype)
+        return norm
 
     return step
 
 
-@pytest.mark.parametrize(
-    ("ga", "world", "weights"),
-    [
-        (4, 1, [1, 0, 0, 1]),  # the DeepSpeed offload bug
-        (4, 1, [1, 1, 1, 1]),  # faithful
-        (3, 1, [1, 0.5, 1]),  # mis-weighted, not dropped
-        (2, 2, [1, 0, 0, 1]),  # two ranks: rank 0 loses its 2nd, rank 1 its 1st
-        (8, 1, [1, 0, 0, 0, 0, 0, 0, 1]),
-    ],
-)
-def test_probe_recovers_known_weighting(ga, world, weights):
-    spec = ProbeSpec(ga=ga, world=world)
-    res = probe_plain(spec, weighted_accumulator(weights, spec))
-    assert res.contributions == pytest.approx(weights, abs=1e-5)
-    assert res.residual < 1e-5
+@pytest.mark.parametrize(("ga", "world", "weights"), [
+    (4, 1, [1, 0, 0, 1]),  # the DeepSpeed offload bug
+    (4, 1, [1, 1, 1, 1]),  # faithful
+    (3, 1, [1, 0.5, 1]),  # mis-weighted, not dropped
+    (2, 2, [1, 0, 0, 1]),  # two ranks: rank 0 loses its 2nd, rank 1 its 1st
+    (8, 1, [1, 0, 0, 0, 0, 0, 0, 1]),
+])
+def test_probe_recovers_known_weighting_every_step(ga, world, weights):
+    spec = ProbeSpec(ga=ga, world=world, steps=3)
+    res = probe_plain(spec, accumulator(weights, spec))
+    assert len(res.per_step) == 3
+    for s in res.per_step:
+        assert s.contributions == pytest.approx(weights, abs=1e-5) and s.residual < 1e-5
+        assert s.reported_over_kept == pytest.approx(1.0, rel=1e-5) if 0.5 not in weights else True
     assert res.faithful == all(w == 1 for w in weights)
-    assert res.dropped == [k for k, w in enumerate(weights) if w == 0]
-    # the norm the accumulator reported is the norm of what it applied, and the probe's yardstick agrees
-    assert res.grad_norm_ratio == pytest.approx(res.applied_norm_ratio, rel=1e-5)
-    assert res.applied_norm_ratio == pytest.approx(predicted_norm_ratio_under_drop(spec, weights), rel=1e-5)
-    if res.faithful:
-        assert res.max_param_dev < 1e-5
-    else:
-        assert res.max_param_dev > 1e-2
+    assert res.dropped == [[k for k, w in enumerate(weights) if w == 0]] * 3
 
 
-def test_probe_bf16_within_tolerance():
-    spec = ProbeSpec(ga=4, dtype="bf16")
-    res = probe_plain(spec, weighted_accumulator([1, 0, 0, 1], spec))
-    assert res.contributions == pytest.approx([1, 0, 0, 1], abs=res.tolerance)
+def test_stale_buffer_shows_from_step_two():
+    """A buffer never zeroed between steps: step 1 looks faithful, step 2 carries step 1's gradient (residual)."""
+    spec = ProbeSpec(ga=4, steps=3)
+    res = probe_plain(spec, accumulator([1, 1, 1, 1], spec, stale=True))
+    assert res.per_step[0].residual < 1e-5 and res.step_faithful(res.per_step[0])
+    assert all(s.residual > res.tolerance for s in res.per_step[1:])
     assert not res.faithful
 
 
-def test_probe_flags_gradient_no_micro_batch_explains():
-    """A system that adds something of its own (e.g. a stale buffer) must not pass: the residual catches it."""
-    spec = ProbeSpec(ga=4)
-    res = probe_plain(spec, weighted_accumulator([1, 1, 1, 1], spec, extra=torch.full((spec.dim,), 0.5)))
-    assert res.residual > res.tolerance
-    assert not res.faithful
+def test_bf16_tells_a_three_percent_misweighting_from_faithful():
+    spec = ProbeSpec(ga=4, dtype="bf16", steps=2)
+    assert probe_plain(spec, accumulator([1, 1, 1, 1], spec)).faithful
+    bad = probe_plain(spec, accumulator([1, 0.97, 1, 1], spec))
+    assert not bad.faithful and bad.per_step[0].contributions[1] == pytest.approx(0.97, abs=bad.tolerance)
 
 
-def test_clipping_scale_keeps_faithful_step_unclipped():
-    """With clipping on, the probe scales targets so the faithful norm is half the threshold."""
-    spec = ProbeSpec(ga=4, clip=1.0)
-    res = probe_plain(spec, weighted_accumulator([1, 1, 1, 1], spec))
-    assert res.grad_norm_ratio == pytest.approx(1.0, rel=1e-5)
-    from gradfidelity.studies.ds_audit.probe import reference
-
-    assert float(reference(spec).applied.norm()) == pytest.approx(0.5, rel=1e-5)
+def test_clipping_on_the_partial_gradient_is_measured():
+    """Faithful norm twice the threshold: a faithful clipper applies 0.5; a dropping one clips on what it kept."""
+    spec = ProbeSpec(ga=4, target_norm=2.0)
+    good = probe_plain(spec, accumulator([1, 1, 1, 1], spec, clip=1.0), clip=1.0)
+    s = good.per_step[0]
+    assert s.clip_full == pytest.approx(0.5, rel=1e-5) and s.clip_applied == pytest.approx(0.5, rel=1e-5)
+    assert good.faithful
+    bad = probe_plain(spec, accumulator([1, 0, 0, 1], spec, clip=1.0), clip=1.0)
+    s = bad.per_step[0]
+    assert s.clip_applied == pytest.approx(clip_coefficient(s.kept_norm, 1.0), rel=1e-5)
+    assert abs(s.clip_applied - s.clip_full) > 0.1 and not bad.faithful
 
 
 def test_multi_backward_slots():
-    """GA 1 x 4 backward calls: four identifiable slots; the PR #7981 pattern keeps only the last."""
-    spec = ProbeSpec(ga=1, backward_calls=4)
-    res = probe_plain(spec, weighted_accumulator([0, 0, 0, 1], spec))
-    assert spec.n_slots == 4
-    assert res.contributions == pytest.approx([0, 0, 0, 1], abs=1e-5)
+    """GA 1 x 4 backward calls: four identifiable slots per step; the PR #7981 pattern keeps only the last."""
+    spec = ProbeSpec(ga=1, backward_calls=4, steps=2)
+    res = probe_plain(spec, accumulator([0, 0, 0, 1], spec))
+    assert spec.n_slots == 8
+    assert res.per_step[1].contributions == pytest.approx([0, 0, 0, 1], abs=1e-5)
+
+
+def test_bf16_parameter_storage_rounding_is_allowed_but_small():
+    """Parameters held in bf16 round the delta; the residual allowance is that bound, 0 when parameters are fp32."""
+    spec = ProbeSpec(ga=1, dtype="bf16", steps=3)
+    res = probe_plain(spec, accumulator([1], spec))
+    assert all(s.storage_rounding > 0 for s in res.per_step[1:]) and res.faithful
+    fp32 = probe_plain(ProbeSpec(ga=1, steps=3), accumulator([1], ProbeSpec(ga=1, steps=3)))
+    assert all(s.storage_rounding == 0 for s in fp32.per_step)
+    bad = probe_plain(spec, accumulator([1], spec, stale=True))  # a stale buffer is far above the allowance
+    assert not bad.faithful

@@ -18,56 +18,94 @@ BASE = {
 }
 
 
+def _assumed(plan) -> dict:
+    return {a["key"]: (a["how"], a["detail"]) for a in plan.assumed}
+
+
 def test_keeps_the_gradient_path():
     plan = plan_audit(BASE)
-    (case,) = plan.cases
+    assert [c.role for c in plan.cases] == ["accumulation", "clipping"]
+    case = plan.cases[0].case
     assert (case.zero_stage, case.offload, case.ga, case.dtype, case.micro_batch, case.clip) == (2, "cpu", 4, "bf16",
                                                                                                1, 1.0)
+    assert case.steps == 3 and case.target_norm == 0.5  # half the threshold: clipping on, never rescaling
+    assert plan.cases[1].case.target_norm == 2.0  # the clipping case: twice the threshold
     ds = case.ds_config(world=1)
     assert ds["zero_optimization"]["offload_optimizer"] == {"pin_memory": True, "device": "cpu"}
     assert ds["zero_optimization"]["overlap_comm"] is True
-    assert "reduce_bucket_size" not in ds["zero_optimization"]  # "auto" dropped
+    assert "reduce_bucket_size" not in ds["zero_optimization"]  # "auto": not audited, and listed
     assert "optimizer" not in ds  # the probe's own SGD(lr=1) is the client optimizer
     assert ds["train_batch_size"] == 1 * 4 * 1
+    got = _assumed(plan)
+    assert got["optimizer"][0] == "not audited" and got["zero_optimization.reduce_bucket_size"][0] == "not audited"
+
+
+def test_every_ignored_key_is_listed():
+    cfg = {**BASE, "scheduler": {"type": "WarmupLR"}, "prescale_gradients": True, "gradient_predivide_factor": 2.0,
+           "communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"},
+           "fp16": {"enabled": False, "loss_scale": 0, "initial_scale_power": 16},
+           "zero_optimization": {**BASE["zero_optimization"], "some_new_knob": 1}}
+    got = _assumed(plan_audit(cfg))
+    for key in ("optimizer", "scheduler", "prescale_gradients", "gradient_predivide_factor",
+                "communication_data_type", "data_types", "fp16.loss_scale", "fp16.initial_scale_power",
+                "zero_optimization.reduce_bucket_size", "zero_optimization.some_new_knob"):
+        assert got[key][0] == "not audited", key
 
 
 def test_auto_ga_needs_the_flag():
     cfg = {**BASE, "gradient_accumulation_steps": "auto"}
     with pytest.raises(UserError, match="--gradient-accumulation-steps"):
         plan_audit(cfg)
-    assert plan_audit(cfg, ga_override=8).cases[0].ga == 8
+    assert plan_audit(cfg, ga_override=8).cases[0].case.ga == 8
 
 
-def test_auto_values_become_notes():
+def test_auto_values_are_listed():
     cfg = {**BASE, "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
            "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
     plan = plan_audit(cfg)
-    case = plan.cases[0]
+    case = plan.cases[0].case
     assert (case.micro_batch, case.clip, case.dtype) == (2, 1.0, "fp32")
-    assert len(plan.notes) == 3
+    got = _assumed(plan)
+    assert {got[k][0] for k in ("train_micro_batch_size_per_gpu", "gradient_clipping", "bf16/fp16.enabled")} \
+        == {"mapped"}
+
+
+def test_silent_clipping_is_left_to_the_version():
+    cfg = {k: v for k, v in BASE.items() if k != "gradient_clipping"}
+    plan = plan_audit(cfg)
+    assert all(c.case.clip is None for c in plan.cases)  # the key stays out: the version's default applies
+    assert "gradient_clipping" not in plan.cases[0].case.ds_config(1)
+    assert plan.cases[1].case.target_norm == 2.0 and _assumed(plan)["gradient_clipping"][0] == "derived"
 
 
 def test_fp16_and_nvme_map_to_cpu_runnable_paths():
     cfg = {**BASE, "bf16": {"enabled": False}, "fp16": {"enabled": True},
            "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}}
     plan = plan_audit(cfg)
-    case = plan.cases[0]
+    case = plan.cases[0].case
     assert (case.zero_stage, case.offload, case.dtype) == (1, "cpu", "bf16")
     assert "nvme_path" not in case.ds_config(1)["zero_optimization"]["offload_optimizer"]
 
 
-def test_ga1_also_probes_multi_backward():
-    plan = plan_audit({**BASE, "gradient_accumulation_steps": 1})
-    assert [c.backward_calls for c in plan.cases] == [1, 4]
-    assert [c.backward_calls for c in plan_audit({**BASE, "gradient_accumulation_steps": 1},
-                                                 backward_calls=1).cases] == [1]
+def test_multi_backward_only_when_asked():
+    cfg = {**BASE, "gradient_accumulation_steps": 1}
+    assert [c.role for c in plan_audit(cfg).cases] == ["accumulation", "clipping"]
+    plan = plan_audit(cfg, backward_per_step=4)
+    multi = [c.case for c in plan.cases if c.role.startswith("multi-backward")]
+    assert [(c.backward_calls, c.boundary) for c in multi] == [(4, "manual"), (4, "none")]
 
 
-def test_ga_derived_from_batch_sizes():
+def test_ga_derivation_is_listed_and_uses_the_run_world_size():
     cfg = {k: v for k, v in BASE.items() if k != "gradient_accumulation_steps"}
     cfg["train_batch_size"] = 16
     cfg["train_micro_batch_size_per_gpu"] = 2
-    assert plan_audit(cfg, ranks=2).cases[0].ga == 4
+    plan = plan_audit(cfg, ranks=2)
+    assert plan.cases[0].case.ga == 4
+    how, detail = _assumed(plan)["gradient_accumulation_steps"]
+    assert how == "derived" and "--world-size" in detail
+    assert plan_audit(cfg, ranks=1, world_size=8).cases[0].case.ga == 1  # an 8-GPU run: GA 1, not 8
+    only_tbs = plan_audit({"train_batch_size": 8, "zero_optimization": {"stage": 2}})
+    assert only_tbs.cases[0].case.ga == 1 and _assumed(only_tbs)["gradient_accumulation_steps"][0] == "derived"
 
 
 @pytest.mark.parametrize(("patch", "key"), [

@@ -25,11 +25,13 @@ DATA = torch.frombuffer(bytearray(embedded_enwik8(20_000)), dtype=torch.uint8)
 
 def _stage_children() -> list:
     """Live children of this process, except multiprocessing's resource tracker (a long-lived helper that
-    unlinks leaked segments if this process dies; it is not a stage)."""
+    unlinks leaked segments if this process dies) and its forkserver (the clean interpreter the stages fork from;
+    it exits with this process): neither is a stage."""
     out = []
     for c in psutil.Process().children(recursive=True):
         try:
-            if "resource_tracker" not in " ".join(c.cmdline()) and c.status() != psutil.STATUS_ZOMBIE:
+            cmd = " ".join(c.cmdline())
+            if "resource_tracker" not in cmd and "forkserver" not in cmd and c.status() != psutil.STATUS_ZOMBIE:
                 out.append(c)
         except psutil.NoSuchProcess:
             pass
@@ -122,6 +124,44 @@ def test_killed_stage_stops_the_run():
                                            on_start=kill_last_stage))
     assert isinstance(box.get("error"), StageFailure)
     assert "stage 1" in str(box["error"]) and "SIGKILL" in str(box["error"])
+    assert pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                            for p in pids)
+    _assert_clean(before)
+
+
+def test_two_threads_per_stage_finish_and_match_the_serial_twin():
+    """Round 1 hung here: stages forked after the parent had used its OpenMP pool (this test runs a 2-thread
+    kernel in the parent first) deadlocked on their first parallel kernel. Fresh stages honour the thread count."""
+    torch.set_num_threads(2)
+    torch.randn(256, 256) @ torch.randn(256, 256)  # the parent's OpenMP pool is now live
+    t = TrainConfig(**{**T.__dict__, "threads_per_stage": 2})
+    offsets = batch_offsets(len(DATA), t.block_size, t.batch_size, t.steps, seed=0)
+    serial = build_model(t.model(16), seed=0)
+    train_serial("broadcast_serial", serial, t, DATA, offsets, _NoRun())
+    before = _segments()
+    asyn = build_model(t.model(16), seed=0)
+    box = _run_bounded(lambda: train_async("broadcast_async", asyn, t, DATA, offsets), limit_s=120)
+    assert "error" not in box, box.get("error")
+    assert box["result"]["stage_threads"] == [2, 2]
+    torch.testing.assert_close(flat(asyn.parameters()), flat(serial.parameters()), rtol=1e-4, atol=1e-5)
+    _assert_clean(before)
+    torch.set_num_threads(1)
+
+
+def test_stalled_stage_ends_with_a_clear_error():
+    """A stage that hangs (and ignores the abort flag) is found by the supervisor's step counter, killed, and the
+    run ends with an error naming it and the timeout key; nothing is left behind."""
+    before = _segments()
+    t = TrainConfig(**{**T.__dict__, "steps": 50, "stall_timeout_s": 2.0})
+    offsets = batch_offsets(len(DATA), t.block_size, t.batch_size, t.steps, seed=0)
+    pids = []
+    box = _run_bounded(lambda: train_async("broadcast_async", build_model(t.model(16), 0), t, DATA, offsets,
+                                           fault={"stage": 1, "step": 3, "stall": True},
+                                           on_start=lambda procs: pids.extend(p.pid for p in procs)),
+                       limit_s=90)
+    err = box.get("error")
+    assert isinstance(err, StageFailure), err
+    assert "stalled" in str(err) and "stage 1" in str(err) and "stall_timeout_s" in str(err)
     assert pids and not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                             for p in pids)
     _assert_clean(before)

@@ -33,3 +33,12 @@ def test_path_source_without_file(tmp_path, capsys):
     cfg = {"enwik8": {"source": "path", "path": str(tmp_path / "enwik8.zip")}}
     assert main(["local-data", "--cfg", json.dumps(cfg), "--corpus", "enwik8", "--out", str(tmp_path / "o")]) == 2
     assert "enwik8.zip does not exist" in capsys.readouterr().err
+
+
+def test_data_folder_without_meta_is_named(tmp_path, capsys):
+    (tmp_path / "train.bin").write_bytes(b"x" * 5000)
+    (tmp_path / "val.bin").write_bytes(b"x" * 5000)
+    args = ["local-cell", "--cfg", json.dumps(GOOD), "--corpus", "enwik8", "--width", "16", "--seed", "0",
+            "--methods", "bp", "--data", str(tmp_path), "--root", str(tmp_path / "runs")]
+    assert main(args) == 2
+    assert "meta.json does not exist" in capsys.readouterr().err

@@ -39,9 +39,12 @@ FLOPS = {"sft": 1e12, "sft_then_rl": 6e12, "sft_then_rl_truncated": 1.5e12}  # R
 FALSE = {
     "A5": {("ds_bug", "sft"): 70.0},                                  # the optimizer bug raises SFT
     "A6": {("ds_bug", "sft"): 58.0, ("agg_bug", "sft"): 50.0},        # aggregation bug hurts more
+    "A6-helps": {("agg_bug", "sft"): 75.0},                           # aggregation bug helps by more than
+                                                                      # the optimizer bug hurts (signed: passes)
     "A7": {("fixed", "hpt"): 80.0},                                   # one mixed method beats SFT-then-RL
     "A8": {("both", "sft_then_rl"): 75.0},                            # no mixed method ahead under both bugs
     "A9": {("fixed", "sft_then_rl_truncated"): 55.0},                 # truncated run loses on accuracy
+    "A9-one": {("fixed", "srft"): 80.0},                              # one mixed method beats the truncated run
 }
 
 
@@ -58,7 +61,7 @@ def _cfg(seeds, methods=None) -> StudyConfig:
 
 
 def _accs(v: float) -> dict:
-    return {"acc_id": v, "acc_long": v, "acc_ood": v, "acc_macro": v}
+    return {"acc_id": v, "acc_long": v, "acc_ood": v, "acc_macro": v, "nll_id": 1.0 - v / 100, "nll_macro": 1.0}
 
 
 def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE) -> list[str]:
@@ -112,9 +115,10 @@ def test_claim_holds(holds, cid):
     assert holds[cid]["n"] == 3 and all(g["passed"] for g in holds[cid]["gates"])
 
 
-@pytest.mark.parametrize("cid", sorted(FALSE))
-def test_claim_false_is_not_reproduced(tmp_path, cid):
-    values = evidence(tmp_path, _cfg([0, 1, 2]), acc=FALSE[cid])
+@pytest.mark.parametrize("case", sorted(FALSE))
+def test_claim_false_is_not_reproduced(tmp_path, case):
+    cid = case.split("-")[0]
+    values = evidence(tmp_path, _cfg([0, 1, 2]), acc=FALSE[case])
     v, why = verdict(values, cid)
     assert v == NOT_REPRODUCED, (why, values[cid])
 
@@ -204,7 +208,7 @@ def test_aggregate_writes_tables_that_show_diverged_runs(tmp_path):
     assert "(1/3 diverged)" in abl
     study = load_evidence([ev_path], SCALE)["sft_rl"]
     a8 = study["values"]["A8"]
-    assert "hpt (all 3 seeds diverged)" in a8["detail"]
+    assert "hpt not measured" in a8["detail"] and "deciding method" in a8["detail"]
     assert str(tables / "sft_rl_main.csv") in a8["sources"]
     assert any(s.endswith("fixed/luffy/seed0") for s in a8["sources"])
     assert study["values"]["A7"]["parts"]["vs_hpt"]["estimate"] is None
@@ -227,3 +231,39 @@ def test_diverged_run_behind_every_part_is_counted_once(tmp_path):
     assert a9["diverged"] == 1 and a9["parts"]["accuracy"]["n"] == 3 and a9["parts"]["flops"]["n"] == 3
     assert "fixed/sft_then_rl_truncated seed3" in a9["parts"]["flops"]["detail"]
     assert verdict(values, "A7")[0] == REPRODUCED and verdict(values, "A9")[0] == REPRODUCED
+
+
+def test_a8_is_decided_per_method_at_the_holm_level(holds):
+    a8 = holds["A8"]
+    assert a8["level"] == ROWS["A8"]["level"] == pytest.approx(1 - 0.05 / 4)
+    assert "deciding method: luffy" in a8["detail"]  # luffy 64 is the largest margin over both/sft_then_rl 55
+    for m in ("luffy", "srft", "relift", "hpt"):
+        assert f"{m} +" in a8["detail"] and "Holm p" in a8["detail"]
+
+
+def test_a8_not_reproduced_when_every_mixed_method_is_behind(tmp_path):
+    acc = {("both", "sft_then_rl"): 90.0}
+    values = evidence(tmp_path, _cfg([0, 1, 2]), acc=acc)
+    assert verdict(values, "A8")[0] == NOT_REPRODUCED
+
+
+def test_a8_one_small_lead_is_not_enough_after_holm(tmp_path):
+    # hpt a little ahead: a plain 95% interval excludes 0 but the Holm-level one does not -> inconclusive
+    acc = {("both", "sft_then_rl"): 61.0, ("fixed", "luffy"): 50.0, ("fixed", "srft"): 50.0,
+           ("fixed", "relift"): 50.0, ("fixed", "hpt"): 62.5}
+    values = evidence(tmp_path, _cfg([0, 1, 2, 3, 4]), acc=acc)
+    rec = values["A8"]
+    assert "deciding method: hpt" in rec["detail"] and rec["low"] < 0 < rec["estimate"]
+    from scipy import stats
+
+    half95 = (rec["high"] - rec["low"]) / 2 * stats.t.ppf(0.975, 4) / stats.t.ppf(0.5 + rec["level"] / 2, 4)
+    assert rec["estimate"] - half95 > 0  # what a max-of-means check at 95% would have called reproduced
+    assert verdict(values, "A8")[0] == INCONCLUSIVE
+
+
+def test_holm_hand_example():
+    assert agg._holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+
+
+def test_a6_uses_absolute_effects(holds):
+    assert holds["A6"]["estimate"] == pytest.approx(abs(60 - 57) - abs(60 - 50), abs=1.5)

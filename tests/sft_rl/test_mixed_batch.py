@@ -35,7 +35,6 @@ def test_luffy_replaces_last_rollout_with_demonstration():
     assert out["rewards"].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     LuffyTrainer.extend_batch(t, out, inputs)
     assert out["off_policy"].tolist() == [False, False, True, False, False, True]
-    assert out["generated_rows"].tolist() == [True, True, False, True, True, False]
     texts = tok.batch_decode(out["completion_ids"] * out["completion_mask"], skip_special_tokens=True)
     assert texts[2] == "1+1=2#2" and texts[5] == "3-1=2#2" and texts[0] == "1+1=2#2" and texts[1] == "#5"
     assert out["rewards"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
@@ -43,3 +42,26 @@ def test_luffy_replaces_last_rollout_with_demonstration():
     # the demonstration row ends with EOS and its mask covers exactly demo + EOS
     assert int(out["completion_mask"][2].sum()) == len("1+1=2#2") + 1
     assert torch.equal(out["completion_ids"][2][len("1+1=2#2")], torch.tensor(tok.eos_token_id))
+
+
+def test_rewards_do_not_assume_pad_id_zero():
+    """A tokenizer whose id 0 is a real character ('#'): masked-out tokens must not decode as that character."""
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers import models as tk_models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"#": 0}
+    for ch in "0123456789+-*=, ":
+        vocab[ch] = len(vocab)
+    vocab.update({"<pad>": len(vocab), "<s>": len(vocab) + 1, "</s>": len(vocab) + 2})
+    raw = Tokenizer(tk_models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    raw.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    raw.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                  unk_token="<pad>")
+    assert tok.pad_token_id != 0
+    t = _fake_trainer(tok, 2)
+    ids, mask = _right_pad([tok("#3", add_special_tokens=False)["input_ids"],
+                            tok("#3", add_special_tokens=False)["input_ids"]], tok.pad_token_id, length=4)
+    ids[1, 2:] = torch.tensor(tok("#4", add_special_tokens=False)["input_ids"])  # junk after the mask ends
+    assert t._rewards(ids, mask, ["3", "3"]).tolist() == [1.0, 1.0]

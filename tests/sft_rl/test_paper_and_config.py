@@ -78,3 +78,31 @@ def test_plan_shares_fixed_runs_and_routes_sft_then_rl():
     assert sum("/sft/" in r for r in runs) == 4                     # the ablation: SFT on every variant
     raw_rl = {**raw, "bug_stages": ["sft", "rl"]}
     assert "R/m/both/luffy/seed0/metrics.json" in plan.planned_runs(raw_rl, "R")
+
+
+def test_jobs_get_only_the_sections_they_depend_on():
+    """An RL-only edit (rl.steps, seeds, methods) leaves the base and SFT jobs' --cfg unchanged, so Snakemake
+    reruns only the jobs it changes; each job's section still builds a StudyConfig."""
+    import copy
+
+    import yaml
+
+    from gradfidelity.studies.sft_rl.config import StudyConfig
+    from gradfidelity.studies.sft_rl.workflow import job_cfg, job_section
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    cfg = yaml.safe_load((root / "config" / "smoke" / "sft_rl.yaml").read_text())
+    edited = copy.deepcopy(cfg)
+    edited["rl"]["steps"] += 5
+    edited["seeds"] = [0, 1, 2]
+    edited["methods"] = ["sft", "rl"]
+    for job in ("pretrain", "sft"):
+        assert job_cfg(edited, job) == job_cfg(cfg, job), job
+    assert job_cfg(edited, "rl") != job_cfg(cfg, "rl")
+    edited = copy.deepcopy(cfg)
+    edited["sft"]["steps"] += 1
+    assert job_cfg(edited, "pretrain") == job_cfg(cfg, "pretrain") and job_cfg(edited, "sft") != job_cfg(cfg, "sft")
+    for job in ("pretrain", "sft", "rl"):
+        sec = job_section(cfg, job)
+        assert "seeds" not in sec and "methods" not in sec
+        StudyConfig.from_dict(sec)

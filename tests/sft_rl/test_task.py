@@ -28,7 +28,7 @@ def _reference_value(prompt: str, modulus: int) -> int:
     return value
 
 
-def test_splits_are_deterministic():
+def test_splits_are_deterministic():  # same process; test_generated_sets_are_pinned checks across machines
     for split in ("train", *EVAL_SETS):
         assert make_split(CFG, split) == make_split(TaskConfig(n_train=200, n_eval=40), split)
     assert pretrain_corpus(CFG) == pretrain_corpus(TaskConfig(n_train=200, n_eval=40))
@@ -93,3 +93,75 @@ def test_bad_config_is_a_user_error():
 
 def test_train_answers_cover_all_values():
     assert {_reference_value(p.prompt, 10) for p in make_split(CFG, "train")} == set(range(10))
+
+
+# ----------------------------------------------------------------------------- pinned sets and leakage
+SCALES = ("smoke", "cpu")  # the scales that generate their sets (paper scale reads LUFFY's published data)
+# sha256 of the generated splits per scale (prompt, solution, answer of every problem, in order) and of the
+# pretraining corpus: a change of the generator or of a scale's task config must change these on purpose.
+PINNED = {
+    "smoke": {"train": "1fb9f784afb742c3", "id": "acc062df8e2e67eb", "long": "efcd506b1c02c438",
+              "ood": "2342553922b2db85", "pretrain": "9adcc4f58a7b162a"},
+    "cpu": {"train": "d9ae7b5343883c68", "id": "41f2c99d8081c2a8", "long": "69cc1c9af18dbdc8",
+            "ood": "ea89b3e096f71ae0", "pretrain": "051b68fc10b1f7f1"},
+}
+
+
+def _task_cfg(scale: str) -> TaskConfig:
+    import yaml
+
+    from gradfidelity.studies.sft_rl.config import StudyConfig
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    raw = yaml.safe_load((root / "config" / scale / "sft_rl.yaml").read_text())
+    return StudyConfig.from_dict(raw).task
+
+
+def _digest(cfg: TaskConfig) -> dict[str, str]:
+    import hashlib
+
+    out = {}
+    for split in ("train", *EVAL_SETS):
+        text = "\n".join(f"{p.prompt}|{p.solution}|{p.answer}" for p in make_split(cfg, split))
+        out[split] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    out["pretrain"] = hashlib.sha256("\n".join(pretrain_corpus(cfg)).encode()).hexdigest()[:16]
+    return out
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_generated_sets_are_pinned(scale):
+    assert _digest(_task_cfg(scale)) == PINNED[scale]
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_no_eval_problem_in_pretraining_sft_or_rl_data(scale):
+    cfg = _task_cfg(scale)
+    train = make_split(cfg, "train")  # the SFT demonstrations and the RL prompts
+    train_prompts, train_text = {p.prompt for p in train}, {p.prompt + p.solution for p in train}
+    corpus = pretrain_corpus(cfg)
+    assert len(corpus) == cfg.n_pretrain
+    corpus_prompts = {line[:line.index("=") + 1] for line in corpus}
+    corpus_text = "\n".join(corpus)
+    for split in EVAL_SETS:
+        for p in make_split(cfg, split):
+            assert p.prompt not in train_prompts and p.prompt + p.solution not in train_text, (split, p)
+            assert p.prompt not in corpus_prompts, (split, p)
+            assert p.solution not in corpus_text, (split, p)  # no worked solution, anywhere in the corpus
+
+
+def test_leakage_check_can_fail():
+    """The round-1 corpus (eval prompts not skipped) fails the same check: the test is not vacuous."""
+    import random
+
+    from gradfidelity.studies.sft_rl import task
+
+    cfg = _task_cfg("smoke")
+    rng = random.Random(cfg.seed + task._SPLIT_OFFSET["pretrain"])
+    old = []
+    for i in range(cfg.n_pretrain):
+        if i % 3 == 0:
+            rng.randrange(cfg.modulus), rng.randrange(cfg.modulus), rng.choice("+-*")
+            continue
+        lo, hi = cfg.train_ops if i % 3 == 1 else cfg.pretrain_worked_ops
+        old.append(task._random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus).prompt)
+    assert set(old) & task.heldout_prompts(cfg)

@@ -1,23 +1,34 @@
 # Study B (async_pp, arXiv 2606.30634): one-step gradient delay across optimizers, mitigations, PipeDream depth,
-# training length; plus the real-pipeline benchmark. Cells and their grouping into jobs come from
-# gradfidelity.studies.async_pp.plan (torch-free): every cell has its own run directory
-#   results/<scale>/async_pp/optimizer~<o>/schedule~<s>/mitigation~<m>/depth~<P>/momentum~<mu>/steps~<n>/seed<k>/
-# and one job trains `cells_per_job` cells of one optimizer and seed (start-up cost), so the train rules are
-# generated per group below.
+# training length; plus the real-pipeline benchmark. Cells come from gradfidelity.studies.async_pp.plan
+# (torch-free); every cell has its own run directory, the wildcards of the one training rule:
+#   results/<scale>/async_pp/optimizer~<o>/lr~<tuned|x<m>>/head~<h>/schedule~<s>/mitigation~<m>/depth~<P>/
+#   momentum~<mu>/steps~<n>/seed<k>/metrics.json
+# Order: the LR grid (sync, lr~x<m>, selection seed) -> lr_selection.json -> every lr~tuned cell reads its LR there.
+# Each rule passes only the config sub-sections its jobs depend on (an edit of `bench` reruns the benchmark only,
+# one of `delay` only the cells with a mitigation that reads it).
+from gradfidelity.studies.async_pp.plan import PATTERN as _AP_PATTERN
+from gradfidelity.studies.async_pp.plan import RUN_DIR as _AP_RUN_DIR
+from gradfidelity.studies.async_pp.plan import WILDCARDS as _AP_WILDCARDS
 from gradfidelity.studies.async_pp.plan import cells as _ap_cells
-from gradfidelity.studies.async_pp.plan import groups as _ap_groups
+from gradfidelity.studies.async_pp.plan import grid_cells as _ap_grid_cells
+from gradfidelity.studies.async_pp.rules import lr_arg as _ap_lr_arg
+from gradfidelity.studies.async_pp.rules import sections as _ap_sections
+from gradfidelity.studies.async_pp.rules import train_cfg as _ap_train_cfg
+from gradfidelity.studies.async_pp.rules import train_input as _ap_train_input
 
 ASYNC_PP_CFG = config["async_pp"]
 ASYNC_PP_ROOT = f"{RESULTS}/async_pp"
-ASYNC_PP_GROUPS = _ap_groups(ASYNC_PP_CFG)
+ASYNC_PP_GRID = [c.metrics(ASYNC_PP_ROOT) for c in _ap_grid_cells(ASYNC_PP_CFG)]
 ASYNC_PP_METRICS = [c.metrics(ASYNC_PP_ROOT) for c in _ap_cells(ASYNC_PP_CFG)]
+ASYNC_PP_SELECTION = f"{ASYNC_PP_ROOT}/lr_selection.json"
 ASYNC_PP_TABLES = [f"{TABLES}/async_pp_main.csv", f"{TABLES}/async_pp_main.md",
-                   f"{TABLES}/async_pp_mitigations.csv", f"{TABLES}/async_pp_mitigations.md"]
+                   f"{TABLES}/async_pp_mitigations.csv", f"{TABLES}/async_pp_mitigations.md",
+                   f"{TABLES}/async_pp_lr_selection.csv", f"{TABLES}/async_pp_lr_selection.md"]
 ASYNC_PP_FIGURES = [f"{FIGURES}/async_pp_momentum.png", f"{FIGURES}/async_pp_depth.png",
                     f"{FIGURES}/async_pp_gap_vs_tokens.png", f"{FIGURES}/async_pp_curves.png"]
-# Paper scale trains for days per cell on accelerators; a job per cell there (cells_per_job: 1).
-ASYNC_PP_RUNTIME = {"smoke": 10, "cpu": 600, "paper": 10080}[SCALE]
-ASYNC_PP_MEM = {"smoke": 2000, "cpu": 6000, "paper": 64000}[SCALE]
+# Minutes per training job (one cell); paper scale trains for days per cell on accelerators.
+ASYNC_PP_RUNTIME = {"smoke": 10, "cpu": 30, "paper": 10080}[SCALE]
+ASYNC_PP_MEM = {"smoke": 2000, "cpu": 3000, "paper": 64000}[SCALE]
 # GPUs per training job (read by the SLURM executor; ignored by local runs, which never request one).
 ASYNC_PP_GPU = {"smoke": 0, "cpu": 0, "paper": 1}[SCALE]
 
@@ -26,31 +37,55 @@ CLAIM_EVIDENCE.append(f"{RESULTS}/claims/async_pp.json")
 REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + [f"{RESULTS}/bench/async_pp.json"])
 
 
-for _g in ASYNC_PP_GROUPS:
+rule async_pp_train:
+    input:
+        _ap_train_input(ASYNC_PP_SELECTION),
+    output:
+        f"{ASYNC_PP_ROOT}/{_AP_PATTERN}",
+    wildcard_constraints:
+        **_AP_WILDCARDS,
+    params:
+        cfg=_ap_train_cfg(ASYNC_PP_CFG),
+        lr=_ap_lr_arg,
+        gf=GF,
+        threads=ASYNC_PP_CFG["threads_per_run"],
+    log:
+        f"{ASYNC_PP_ROOT}/logs/{_AP_RUN_DIR}.log",
+    benchmark:
+        f"{ASYNC_PP_ROOT}/{_AP_RUN_DIR}/benchmark.tsv"
+    conda:
+        CONDA_ENV
+    threads: ASYNC_PP_CFG["threads_per_run"]
+    resources:
+        mem_mb=ASYNC_PP_MEM,
+        runtime=ASYNC_PP_RUNTIME,
+        gpu=ASYNC_PP_GPU,
+    shell:
+        "{params.gf} async-pp-train --cfg {params.cfg} --metrics {output} {params.lr} --threads {params.threads} "
+        "> {log} 2>&1"
 
-    rule:
-        name:
-            f"async_pp_train_{_g.name}"
-        output:
-            [c.metrics(ASYNC_PP_ROOT) for c in _g.cells],
-        params:
-            cfg=study_cfg("async_pp"),
-            cells=shlex.quote(_g.cells_json()),
-            gf=GF,
-            root=study_root("async_pp"),
-        log:
-            f"{ASYNC_PP_ROOT}/logs/train_{_g.name}.log",
-        benchmark:
-            f"{ASYNC_PP_ROOT}/benchmarks/train_{_g.name}.tsv"
-        conda:
-            CONDA_ENV
-        threads: ASYNC_PP_CFG["threads_per_run"]
-        resources:
-            mem_mb=ASYNC_PP_MEM,
-            runtime=ASYNC_PP_RUNTIME * len(_g.cells),
-            gpu=ASYNC_PP_GPU,
-        shell:
-            "{params.gf} async-pp-train --cfg {params.cfg} --cells {params.cells} --root {params.root} > {log} 2>&1"
+
+rule async_pp_select_lr:
+    input:
+        ASYNC_PP_GRID,
+    output:
+        selection=ASYNC_PP_SELECTION,
+        table=report(f"{TABLES}/async_pp_lr_selection.csv", category="async_pp"),
+        table_md=report(f"{TABLES}/async_pp_lr_selection.md", category="async_pp"),
+    params:
+        gf=GF,
+        scale=SCALE,
+    log:
+        f"{RESULTS}/async_pp/logs/select_lr.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    shell:
+        "{params.gf} async-pp-select-lr --metrics {input} --scale {params.scale} --out {output.selection} "
+        "--table {output.table} > {log} 2>&1"
 
 
 rule async_pp_aggregate:
@@ -60,9 +95,9 @@ rule async_pp_aggregate:
         runs=f"{RESULTS}/async_pp/runs.csv",
         curves=f"{RESULTS}/async_pp/curves.csv",
     params:
-        cfg=study_cfg("async_pp"),
         gf=GF,
-        root=study_root("async_pp"),
+        scale=SCALE,
+        tokens=ASYNC_PP_CFG["train"]["batch_size"] * ASYNC_PP_CFG["train"]["seq_len"],
     log:
         f"{RESULTS}/async_pp/logs/aggregate.log",
     conda:
@@ -72,20 +107,21 @@ rule async_pp_aggregate:
         mem_mb=1000,
         runtime=5,
     shell:
-        "{params.gf} async-pp-aggregate --cfg {params.cfg} --root {params.root} --runs {output.runs} "
-        "--curves {output.curves} > {log} 2>&1"
+        "{params.gf} async-pp-aggregate --metrics {input} --scale {params.scale} --tokens-per-step {params.tokens} "
+        "--runs {output.runs} --curves {output.curves} > {log} 2>&1"
 
 
 rule async_pp_tables:
     input:
         runs=f"{RESULTS}/async_pp/runs.csv",
+        curves=f"{RESULTS}/async_pp/curves.csv",
     output:
         main=report(f"{TABLES}/async_pp_main.csv", category="async_pp"),
         main_md=report(f"{TABLES}/async_pp_main.md", category="async_pp"),
         mitigations=report(f"{TABLES}/async_pp_mitigations.csv", category="async_pp"),
         mitigations_md=report(f"{TABLES}/async_pp_mitigations.md", category="async_pp"),
     params:
-        cfg=study_cfg("async_pp"),
+        cfg=_ap_sections(ASYNC_PP_CFG, "seeds", "model", "train", "sweeps"),
         gf=GF,
         scale=SCALE,
     log:
@@ -97,8 +133,8 @@ rule async_pp_tables:
         mem_mb=1000,
         runtime=5,
     shell:
-        "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} "
-        "--main-table {output.main} --mitigations-table {output.mitigations} > {log} 2>&1"
+        "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --curves {input.curves} "
+        "--scale {params.scale} --main-table {output.main} --mitigations-table {output.mitigations} > {log} 2>&1"
 
 
 rule async_pp_figures:
@@ -111,7 +147,7 @@ rule async_pp_figures:
         gap_vs_tokens=report(f"{FIGURES}/async_pp_gap_vs_tokens.png", category="async_pp"),
         curves=report(f"{FIGURES}/async_pp_curves.png", category="async_pp"),
     params:
-        cfg=study_cfg("async_pp"),
+        cfg=_ap_sections(ASYNC_PP_CFG, "seeds", "model", "train", "sweeps"),
         gf=GF,
         scale=SCALE,
     log:
@@ -131,10 +167,13 @@ rule async_pp_figures:
 rule async_pp_claims:
     input:
         runs=f"{RESULTS}/async_pp/runs.csv",
+        main=f"{TABLES}/async_pp_main.csv",
+        mitigations=f"{TABLES}/async_pp_mitigations.csv",
+        lr_selection=f"{TABLES}/async_pp_lr_selection.csv",
     output:
         f"{RESULTS}/claims/async_pp.json",
     params:
-        cfg=study_cfg("async_pp"),
+        cfg=_ap_sections(ASYNC_PP_CFG, "seeds", "model", "train", "sweeps"),
         gf=GF,
         scale=SCALE,
     log:
@@ -146,14 +185,16 @@ rule async_pp_claims:
         mem_mb=1000,
         runtime=5,
     shell:
-        "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} --claims {output} > {log} 2>&1"
+        "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} --claims {output} "
+        "--claim-source {input.main} --claim-source {input.mitigations} --claim-source {input.lr_selection} "
+        "> {log} 2>&1"
 
 
 rule async_pp_bench:
     output:
         report(f"{RESULTS}/bench/async_pp.json", category="async_pp"),
     params:
-        cfg=study_cfg("async_pp"),
+        cfg=_ap_sections(ASYNC_PP_CFG, "model", "data", "train", "bench"),
         gf=GF,
         scale=SCALE,
     log:

@@ -4,7 +4,38 @@
 # file to cache), so they have no rule of their own; the real FineWeb-Edu / LUFFY loaders run only at paper scale.
 
 
+# Study C's `source: file` corpora are inputs of the data rule (a changed file redoes the splits). The cpu scale's
+# real-text stand-in is built from Debian's python3.11-doc (docs/sources.md, "Study C: the cpu scale's text").
+LOCAL_PYDOCS = f"{RESULTS}/local/corpus/python-docs-3.11.txt"
+LOCAL_PYDOCS_MD5 = "ffe3fd4a0f5469cba03458a8aed6d3b6"
+
+
+# (one list for both corpora: a changed file also redoes the other corpus's splits, a second's work)
+LOCAL_FILE_SOURCES = [c["path"] for c in config["local"]["corpora"].values() if c.get("source") == "file"]
+
+
+rule local_corpus_pydocs:
+    output:
+        LOCAL_PYDOCS,
+    params:
+        gf=GF,
+        md5=LOCAL_PYDOCS_MD5,
+    log:
+        f"{RESULTS}/logs/local/corpus_pydocs.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    shell:
+        "{params.gf} local-corpus --root /usr/share/doc/python3.11/html/_sources --suffix .rst.txt"
+        " --md5 {params.md5} --out {output} > {log} 2>&1"
+
+
 rule local_data:
+    input:
+        LOCAL_FILE_SOURCES,
     output:
         train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
         val=f"{RESULTS}/local/data/{{corpus}}/val.bin",

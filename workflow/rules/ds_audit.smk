@@ -1,6 +1,7 @@
 # Study A part 1 (ds_audit, arXiv 2604.23747): which DeepSpeed configurations drop micro-batches (real DeepSpeed,
 # CPU accelerator, gloo) and how a per-micro-batch loss mean mis-weights tokens. One job per (version, ranks)
-# group runs every matrix case in the same rank processes (DeepSpeed start-up costs seconds, a case ~0.3 s):
+# group runs every matrix case (several optimizer steps each) in the same rank processes (DeepSpeed start-up costs
+# seconds, a case ~0.4 s):
 #   results/<scale>/ds_audit/matrix/deepspeed~<v>/ranks~<r>/seed0/metrics.json
 # The 0.18.9 groups run under {DS0189_ENV} (the overlay first on PYTHONPATH); the job checks the version it got.
 from gradfidelity.studies.ds_audit.workflow import deepspeed_env, group_threads

@@ -1,7 +1,6 @@
 # Study C (Lex 2026): bounded-horizon local training on CPUs. Owned by the local study (see CONTRIBUTING.md).
 # data -> one paired job per (corpus, width, seed) -> aggregate + statistics -> tables, figures, claim evidence.
 LOCAL = config["local"]
-LOCAL_SEEDS = list(range(LOCAL["seeds"]))
 LOCAL_MAIN = [m for m in ("bp", "bp_tm", "broadcast_async", "rgc_async") if m in LOCAL["methods"]]
 LOCAL_SERIAL = [m for m in ("live_local", "broadcast_serial", "rgc_serial") if m in LOCAL["methods"]]
 # A training job owns the machine: throughput is the measurement, so two jobs must never share the cores.
@@ -14,17 +13,33 @@ LOCAL_CFG = shlex.quote(json.dumps({k: v for k, v in LOCAL.items() if k != "benc
 LOCAL_RUN = f"{RESULTS}/local/{{corpus}}/w{{width}}/{{method}}/seed{{seed}}/metrics.json"
 LOCAL_WIDTHS = {c: (LOCAL["corpora"][c].get("widths") or LOCAL["widths"]) for c in LOCAL["corpora"]}
 
+
+
+# Paired seeds of one (corpus, width) cell: the corpus's own count (or `seeds`), capped by `side_seeds` away from the
+# main width.
+LOCAL_CELL_SEEDS = {
+    (c, w): range(
+        min(
+            LOCAL["corpora"][c].get("seeds") or LOCAL["seeds"],
+            (LOCAL.get("side_seeds") or LOCAL["seeds"]) if w != LOCAL["main_width"] else LOCAL["seeds"],
+        )
+    )
+    for c in LOCAL["corpora"]
+    for w in LOCAL_WIDTHS[c]
+}
+
+
 LOCAL_RUNS = [
     LOCAL_RUN.format(corpus=c, width=w, method=m, seed=k)
     for c in LOCAL["corpora"]
     for w in LOCAL_WIDTHS[c]
-    for k in LOCAL_SEEDS
+    for k in LOCAL_CELL_SEEDS[(c, w)]
     for m in LOCAL_MAIN
 ] + [
     LOCAL_RUN.format(corpus=c, width=w, method=m, seed=k)
     for c in LOCAL["mechanism_corpora"]
     for w in LOCAL["mechanism_widths"]
-    for k in LOCAL_SEEDS
+    for k in range(LOCAL.get("mechanism_seeds") or LOCAL["seeds"])
     for m in LOCAL_SERIAL
 ]
 
@@ -35,78 +50,53 @@ wildcard_constraints:
     corpus="enwik8|tinystories",
 
 
-rule local_main:
-    input:
-        train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
-    output:
-        expand(LOCAL_RUN, method=LOCAL_MAIN, allow_missing=True),
-    params:
-        gf=GF,
-        cfg=LOCAL_CFG,
-        methods=",".join(LOCAL_MAIN),
-        env=LOCAL_ENV,
-        root=study_root("local"),
-    log:
-        f"{RESULTS}/logs/local/main_{{corpus}}_w{{width}}_seed{{seed}}.log",
-    benchmark:
-        f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_main_seed{{seed}}.tsv"
-    conda:
-        CONDA_ENV
-    threads: LOCAL_THREADS
-    resources:
-        mem_mb=8000,
-        runtime=600,
-    shell:
-        "{params.env}{params.gf} local-cell --cfg {params.cfg} --corpus {wildcards.corpus} --width {wildcards.width}"
-        " --seed {wildcards.seed} --methods {params.methods} --data $(dirname {input.train})"
-        " --root {params.root} > {log} 2>&1"
+# One rule definition for both job groups (main: BP, best-BP candidates and the async methods, time-paired; mechanism:
+# the serial local methods), instantiated once per group: the same command, threads and resources.
+LOCAL_GROUPS = {"main": LOCAL_MAIN, "mechanism": LOCAL_SERIAL}
+for _group, _methods in LOCAL_GROUPS.items():
+    if not _methods:
+        continue
+
+    rule:
+        name:
+            f"local_{_group}"
+        input:
+            train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
+            meta=f"{RESULTS}/local/data/{{corpus}}/meta.json",
+        output:
+            expand(LOCAL_RUN, method=_methods, allow_missing=True),
+        params:
+            gf=GF,
+            cfg=LOCAL_CFG,
+            methods=",".join(_methods),
+            env=LOCAL_ENV,
+            root=study_root("local"),
+        log:
+            f"{RESULTS}/logs/local/{_group}_{{corpus}}_w{{width}}_seed{{seed}}.log",
+        benchmark:
+            f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_{_group}_seed{{seed}}.tsv"
+        conda:
+            CONDA_ENV
+        threads: LOCAL_THREADS
+        resources:
+            mem_mb=8000,
+            runtime=600,
+        shell:
+            "{params.env}{params.gf} local-cell --cfg {params.cfg} --corpus {wildcards.corpus}"
+            " --width {wildcards.width} --seed {wildcards.seed} --methods {params.methods}"
+            " --data $(dirname {input.train}) --root {params.root} > {log} 2>&1"
 
 
-rule local_mechanism:
-    input:
-        train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
-    output:
-        expand(LOCAL_RUN, method=LOCAL_SERIAL, allow_missing=True),
-    params:
-        gf=GF,
-        cfg=LOCAL_CFG,
-        methods=",".join(LOCAL_SERIAL),
-        env=LOCAL_ENV,
-        root=study_root("local"),
-    log:
-        f"{RESULTS}/logs/local/mechanism_{{corpus}}_w{{width}}_seed{{seed}}.log",
-    benchmark:
-        f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_mechanism_seed{{seed}}.tsv"
-    conda:
-        CONDA_ENV
-    threads: LOCAL_THREADS
-    resources:
-        mem_mb=8000,
-        runtime=600,
-    shell:
-        "{params.env}{params.gf} local-cell --cfg {params.cfg} --corpus {wildcards.corpus} --width {wildcards.width}"
-        " --seed {wildcards.seed} --methods {params.methods} --data $(dirname {input.train})"
-        " --root {params.root} > {log} 2>&1"
-
-
-rule local_report:
+rule local_aggregate:
     input:
         LOCAL_RUNS,
     output:
-        aggregate=f"{RESULTS}/local/aggregate.csv",
-        main_csv=f"{TABLES}/local_main.csv",
-        main_md=report(f"{TABLES}/local_main.md", category="local"),
-        mech_csv=f"{TABLES}/local_mechanism.csv",
-        mech_md=report(f"{TABLES}/local_mechanism.md", category="local"),
-        frontier=report(f"{FIGURES}/local_frontier.png", category="local"),
-        scaling=report(f"{FIGURES}/local_width_scaling.png", category="local"),
-        evidence=f"{RESULTS}/claims/local.json",
+        f"{RESULTS}/local/aggregate.csv",
     params:
         gf=GF,
-        cfg=LOCAL_CFG,
         scale=SCALE,
     log:
-        f"{RESULTS}/logs/local/report.log",
+        f"{RESULTS}/logs/local/aggregate.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -114,10 +104,77 @@ rule local_report:
         mem_mb=2000,
         runtime=10,
     shell:
-        "{params.gf} local-report --cfg {params.cfg} --scale {params.scale} --runs {input}"
-        " --aggregate {output.aggregate} --main-csv {output.main_csv} --main-md {output.main_md}"
-        " --mech-csv {output.mech_csv} --mech-md {output.mech_md} --frontier {output.frontier}"
-        " --scaling {output.scaling} --evidence {output.evidence} > {log} 2>&1"
+        "{params.gf} local-aggregate --scale {params.scale} --runs {input} --out {output} > {log} 2>&1"
+
+
+rule local_tables:
+    input:
+        f"{RESULTS}/local/aggregate.csv",
+    output:
+        main_csv=f"{TABLES}/local_main.csv",
+        main_md=report(f"{TABLES}/local_main.md", category="local"),
+        mech_csv=f"{TABLES}/local_mechanism.csv",
+        mech_md=report(f"{TABLES}/local_mechanism.md", category="local"),
+    params:
+        gf=GF,
+        cfg=LOCAL_CFG,
+    log:
+        f"{RESULTS}/logs/local/tables.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "{params.gf} local-tables --cfg {params.cfg} --aggregate {input} --main-csv {output.main_csv}"
+        " --main-md {output.main_md} --mech-csv {output.mech_csv} --mech-md {output.mech_md} > {log} 2>&1"
+
+
+rule local_figures:
+    input:
+        f"{RESULTS}/local/aggregate.csv",
+    output:
+        frontier=report(f"{FIGURES}/local_frontier.png", category="local"),
+        scaling=report(f"{FIGURES}/local_width_scaling.png", category="local"),
+    params:
+        gf=GF,
+        cfg=LOCAL_CFG,
+    log:
+        f"{RESULTS}/logs/local/figures.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "{params.gf} local-figures --cfg {params.cfg} --aggregate {input} --frontier {output.frontier}"
+        " --scaling {output.scaling} > {log} 2>&1"
+
+
+rule local_claims:
+    input:
+        aggregate=f"{RESULTS}/local/aggregate.csv",
+        main_csv=f"{TABLES}/local_main.csv",
+        mech_csv=f"{TABLES}/local_mechanism.csv",
+    output:
+        f"{RESULTS}/claims/local.json",
+    params:
+        gf=GF,
+        cfg=LOCAL_CFG,
+        scale=SCALE,
+    log:
+        f"{RESULTS}/logs/local/claims.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "{params.gf} local-claims --cfg {params.cfg} --scale {params.scale} --aggregate {input.aggregate}"
+        " --main-csv {input.main_csv} --mech-csv {input.mech_csv} --out {output} > {log} 2>&1"
 
 
 rule local_bench:
@@ -143,7 +200,9 @@ rule local_bench:
 
 rule local:
     input:
-        rules.local_report.output,
+        rules.local_tables.output,
+        rules.local_figures.output,
+        rules.local_claims.output,
         f"{RESULTS}/bench/local.json",
 
 

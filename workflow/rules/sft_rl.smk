@@ -5,7 +5,8 @@
 #   results/<scale>/sft_rl/<model>/<variant>/<method>/seed<k>/  rl, sft_then_rl, luffy, srft, relift, hpt (GRPO-based)
 # Checkpoints are shared through rule outputs: every SFT-then-RL reads its SFT run, every method the base model.
 from gradfidelity.studies.sft_rl import plan as sft_rl_plan
-from gradfidelity.studies.sft_rl.workflow import deepspeed_env as sft_rl_ds_env, rl_init as sft_rl_rl_init
+from gradfidelity.studies.sft_rl.workflow import deepspeed_env as sft_rl_ds_env, job_cfg as sft_rl_job_cfg
+from gradfidelity.studies.sft_rl.workflow import rl_init as sft_rl_rl_init
 
 SFT_RL = config["sft_rl"]
 SFT_RL_ROOT = f"{RESULTS}/sft_rl"
@@ -24,7 +25,7 @@ rule sft_rl_base:
         f"{RESULTS}/sft_rl/{{model}}/base/seed0/metrics.json",
     params:
         gf=GF,
-        cfg=study_cfg("sft_rl"),
+        cfg=sft_rl_job_cfg(SFT_RL, "pretrain"),
     log:
         f"{RESULTS}/sft_rl/logs/{{model}}_base.log",
     benchmark:
@@ -49,7 +50,7 @@ rule sft_rl_sft:
         f"{RESULTS}/sft_rl/{{model}}/{{variant}}/sft/seed{{seed}}/metrics.json",
     params:
         gf=GF,
-        cfg=study_cfg("sft_rl"),
+        cfg=sft_rl_job_cfg(SFT_RL, "sft"),
         env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "sft"),
     log:
         f"{RESULTS}/sft_rl/logs/{{model}}_{{variant}}_sft_seed{{seed}}.log",
@@ -77,7 +78,7 @@ rule sft_rl_rl:
         f"{RESULTS}/sft_rl/{{model}}/{{variant}}/{{method}}/seed{{seed}}/metrics.json",
     params:
         gf=GF,
-        cfg=study_cfg("sft_rl"),
+        cfg=sft_rl_job_cfg(SFT_RL, "rl"),
         env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "rl"),
     log:
         f"{RESULTS}/sft_rl/logs/{{model}}_{{variant}}_{{method}}_seed{{seed}}.log",

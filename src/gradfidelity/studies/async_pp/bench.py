@@ -53,7 +53,8 @@ def sim_step_cost(cfg: dict, steps: int, repeats: int) -> dict:
 
 
 def pipeline_throughput(cfg: dict, pc: dict) -> dict:
-    model = dict(cfg["model"], tie_embeddings=False)
+    # A stage big enough that compute dominates the gloo messages (bench.pipeline.model overrides the study model).
+    model = dict(cfg["model"], **(pc.get("model") or {}), tie_embeddings=False)
     setup = PipeSetup(model=model, n_stages=int(pc["n_stages"]), seq_len=int(pc["seq_len"]),
                       batch_size=int(pc["batch_size"]), dtype="float32",
                       train_chars=int(cfg["data"].get("train_chars", 200000)),

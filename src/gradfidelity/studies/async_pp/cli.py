@@ -1,54 +1,70 @@
 """Subcommands of study B. Heavy imports happen inside the handlers so `gradfidelity --help` stays fast.
 
-  async-pp-train      train a group of cells (one run directory each) through the harness Run
-  async-pp-aggregate  metrics.json of every planned cell (harness loader, one scale) -> runs.csv + curves.csv
+  async-pp-train      train one cell (the run directory of its metrics.json path) through the harness Run
+  async-pp-select-lr  the LR grid's metrics.json -> lr_selection.json + the LR-selection table
+  async-pp-aggregate  the metrics.json files given (harness loader, one scale) -> runs.csv + curves.csv
   async-pp-report     tables, figures and/or claim evidence from the aggregates
-  bench-async-pp      simulated step cost and real-pipeline throughput -> results/bench/async_pp.json
+  bench-async-pp      simulated step cost and real-pipeline throughput -> results/<scale>/bench/async_pp.json
+
+Each rule passes only the config sub-sections its jobs depend on (`--cfg`), so an edit reruns exactly those jobs.
 """
 
 from __future__ import annotations
 
-import json
-
 from gradfidelity.config import cfg_from_json
 from gradfidelity.errors import UserError
 
+NEEDS = {"train": ("model", "data", "train"), "report": ("seeds", "model", "train", "sweeps"),
+         "bench": ("model", "data", "train", "bench")}
 
-def _cfg(text: str) -> dict:
+
+def _cfg(text: str, what: str) -> dict:
     cfg = cfg_from_json(text, "async_pp")
-    for key in ("seeds", "model", "data", "train", "delay", "sweeps"):
+    for key in NEEDS[what]:
         if key not in cfg:
             raise UserError(f"async_pp config: missing key {key!r}")
     return cfg
 
 
 def _train(args) -> int:
-    from gradfidelity.studies.async_pp.plan import cell_from_dict
+    from gradfidelity.studies.async_pp.plan import cell_from_path
     from gradfidelity.studies.async_pp.train import run_cell
 
-    cfg = _cfg(args.cfg)
-    cells = [cell_from_dict(d) for d in json.loads(args.cells)]
-    for cell in cells:
-        run_cell(cfg, cell, args.root, int(cfg.get("threads_per_run", 1)))
+    cfg = _cfg(args.cfg, "train")
+    cell = cell_from_path(args.metrics)
+    root = args.metrics[: args.metrics.index("/optimizer~")]
+    run_cell(cfg, cell, root, int(args.threads), args.lr_selection)
+    return 0
+
+
+def _select_lr(args) -> int:
+    from gradfidelity.studies.async_pp.lr_select import write_selection
+
+    doc = write_selection(args.metrics, args.scale, args.out, args.table)
+    for opt, s in doc["optimizers"].items():
+        print(f"{opt}: x{s['multiplier']:g} -> lr {s['lr']:.3g}{' (grid edge)' if s['at_grid_edge'] else ''}")
     return 0
 
 
 def _aggregate(args) -> int:
     from gradfidelity.studies.async_pp.analysis import aggregate
 
-    aggregate(_cfg(args.cfg), args.root, args.runs, args.curves, args.scale)
+    aggregate(args.metrics, args.runs, args.curves, args.scale, args.tokens_per_step)
     return 0
 
 
 def _report(args) -> int:
+    import pandas as pd
+
     from gradfidelity.studies.async_pp.analysis import Gaps, read_runs, write_claims
 
-    cfg = _cfg(args.cfg)
+    cfg = _cfg(args.cfg, "report")
     if args.main_table:
         from gradfidelity.studies.async_pp.report import write_tables
 
+        curves = pd.read_csv(args.curves) if args.curves else None
         write_tables(Gaps(read_runs(args.runs, args.scale), cfg), args.main_table, args.mitigations_table,
-                     args.scale)
+                     args.scale, curves)
     if args.fig_momentum:
         from gradfidelity.studies.async_pp.report import write_figures
 
@@ -64,25 +80,38 @@ def _report(args) -> int:
 def _bench(args) -> int:
     from gradfidelity.studies.async_pp.bench import run_bench
 
-    result = run_bench(_cfg(args.cfg), args.out)
-    sc = result["sim_step_cost"]
+    result = run_bench(_cfg(args.cfg, "bench"), args.out)
+    sc, pl = result["sim_step_cost"], result["pipeline"]
     print(f"2bw/sync step cost {sc['ratio_2bw_over_sync']:.3f} (limit {sc['limit']}); pipeline 2bw/sync "
-          f"throughput {result['pipeline']['throughput_ratio_2bw_over_sync']:.3f}")
+          f"throughput {pl['throughput_ratio_2bw_over_sync']:.3f}")
+    for s in ("sync", "2bw"):
+        r = pl["runs"][s]
+        print(f"  {s}: bubble measured {r['bubble_fraction']:.3f}, theoretical (P-1)/(m+P-1) = "
+              f"{r['bubble_theoretical']:.3f}" if s == "sync" else
+              f"  {s}: bubble measured {r['bubble_fraction']:.3f}, theoretical {r['bubble_theoretical']:.3f}")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("async-pp-train", help="study B: train cells (schedule x mitigation x optimizer)")
-    p.add_argument("--cfg", required=True, help="the async_pp config section as JSON")
-    p.add_argument("--cells", required=True, help="JSON list of cells (plan.Cell fields)")
-    p.add_argument("--root", default="results/async_pp")
+    p = sub.add_parser("async-pp-train", help="study B: train one cell (schedule x mitigation x optimizer)")
+    p.add_argument("--cfg", required=True, help="JSON: the model, data, train (and delay) sections")
+    p.add_argument("--metrics", required=True, help="the cell's metrics.json path (names the cell and its root)")
+    p.add_argument("--lr-selection", help="lr_selection.json (needed by lr~tuned cells)")
+    p.add_argument("--threads", default=1, type=int)
     p.set_defaults(func=_train)
 
+    p = sub.add_parser("async-pp-select-lr", help="study B: choose each optimizer's LR on the sync grid")
+    p.add_argument("--metrics", nargs="+", required=True, help="the LR grid's metrics.json files")
+    p.add_argument("--scale", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--table", help="the LR-selection table (.csv; a .md beside it)")
+    p.set_defaults(func=_select_lr)
+
     p = sub.add_parser("async-pp-aggregate", help="study B: runs -> runs.csv, curves.csv")
-    p.add_argument("--cfg", required=True)
-    p.add_argument("--root", default="results/async_pp")
+    p.add_argument("--metrics", nargs="+", required=True, help="every run's metrics.json (the rule's input)")
     p.add_argument("--runs", required=True)
     p.add_argument("--curves", required=True)
+    p.add_argument("--tokens-per-step", type=int)
     p.add_argument("--scale", help="the scale every run must have been made at (default: $GRADFIDELITY_SCALE)")
     p.set_defaults(func=_aggregate)
 

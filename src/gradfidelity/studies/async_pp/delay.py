@@ -8,7 +8,10 @@ schedule
 - `2bw`:       W(t+1) = W(t) - u_t(g(W(t-1), b_t)): PipeDream-2BW, one step stale at any depth.
 - `pipedream`: original PipeDream (weight stashing, update after every minibatch) without vertical sync: stage k of
                P evaluates with its own weights d_k = P-1-k updates stale, so the gradient is taken at the mixed
-               point (W_0(t-d_0), ..., W_{P-1}(t)); stage k applies it to W_k(t). The last stage is fresh.
+               point (W_0(t-d_0), ..., W_{P-1}(t)); stage k applies it to W_k(t). The last stage (final norm and an
+               UNTIED LM head) is fresh. A tied head is refused: its weight would be shared by stage 0 and stage
+               P-1, and neither copy could take update t before stage 0's gradient of batch t exists, so the head
+               could not be fresh; the depth sweep unties it (README).
 - `pipedream_vsync`: the same per-stage staleness d_k but with a consistent weight version for all stages of one
                evaluation (a per-stage gradient FIFO; our model of vertical sync, see docs/sources.md, Study B):
                stage k's gradient is g_k(W(t-d_k), b_t). Costs one forward/backward per distinct delay.
@@ -146,6 +149,10 @@ class DelaySimulator:
         self.named = list(model.named_parameters())
         self.stage_of = stage_of or {n: 0 for n, _ in self.named}
         if spec.schedule.startswith("pipedream"):
+            if len(list(model.named_parameters(remove_duplicate=False))) != len(self.named):
+                raise UserError("async_pp: pipedream needs untied weights: a weight shared by stage 0 and the last "
+                                "stage (a tied LM head) cannot be fresh at the last stage of an asynchronous "
+                                "pipeline; untie the head (the depth sweep does)")
             missing = {n for n, _ in self.named} - set(self.stage_of)
             if missing or max(self.stage_of.values()) != spec.depth - 1:
                 raise UserError(f"async_pp: stage map does not cover depth {spec.depth} stages")

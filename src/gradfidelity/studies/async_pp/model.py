@@ -21,6 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from gradfidelity.errors import UserError
+from gradfidelity.studies.async_pp.names import DTYPE_NAMES
+
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # config `train.dtype` -> torch dtype
 
 
 @dataclass(frozen=True)
@@ -232,5 +235,5 @@ def lm_loss(logits, targets):  # (B, S, V), (B, S) -> mean token cross-entropy
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-__all__ = ["Decoder", "ModelConfig", "build_model", "lm_loss", "n_params",
+__all__ = ["DTYPES", "Decoder", "ModelConfig", "build_model", "lm_loss", "n_params",
            "stage_bounds", "stage_of_params", "unit_of"]

@@ -4,15 +4,24 @@ Implementations: AdamW from torch.optim; Muon, SOAP, Adan, Lion, MARS from pytor
 inverted Muon's LR scaling). Muon updates the hidden weight matrices only; the embedding, the LM head and the norm
 gains go to its built-in AdamW groups (`use_muon=False`), as in Keller Jordan's reference.
 
-Defaults (chosen before any result was seen; the paper's appendix values are unknown):
+Defaults (chosen before any result was seen; the paper's appendix values are unknown). The default LR and momentum
+live in `names.DEFAULTS` only; the LR actually used is chosen per optimizer on the sync schedule from a grid of
+multiples of that default (lr_select.py, config `lr_selection`).
 | optimizer | lr | momentum maps to | other | source |
 |---|---|---|---|---|
 | adamw | 2e-3 | betas[0] 0.9 | beta2 0.95, wd 0.1, eps 1e-8 | nanoGPT/SmolLM betas, wd |
-| muon | 0.02 | momentum 0.95 | nesterov, 5 NS steps; aux AdamW 2e-3, (0.9, 0.95), wd 0.1 | K. Jordan muon.py |
+| muon | 2e-3 | momentum 0.95 | nesterov, 5 NS, `use_adjusted_lr`; aux AdamW same lr, wd 0.1 | Moonlight |
 | soap | 3e-3 | betas[0] 0.95 | beta2 0.95, wd 0.01, precondition every 10 | SOAP reference defaults |
 | adan | 2e-3 | betas[0] 0.98 | betas (0.98, 0.92, 0.99), decoupled wd 0.02 | Adan paper betas |
 | lion | 4e-4 | betas[1] 0.99 | beta1 0.9, decoupled wd 0.5 | Lion paper: lr 3-10x lower, wd higher |
-| mars | 3e-3 | betas[0] 0.95 | beta2 0.99, gamma 0.025, wd 0.1; 1-D params AdamW | MARS reference defaults |
+| mars | 3e-3 | betas[0] 0.95 | beta2 0.99, gamma 0.025, wd 0.1; 1-D params AdamW without decay | MARS defaults |
+
+Muon's LR and width: with Keller Jordan's shape factor an orthogonalised update has per-entry RMS lr / sqrt(max dim),
+so the same LR is a ~5x larger step at d = 32 than at d = 960. We use pytorch-optimizer's `use_adjusted_lr=True`
+(Moonlight's factor 0.2 sqrt(max dim)): the per-entry RMS is 0.2 lr at every width, AdamW's scale, and Muon's
+embedding/head/gain groups (AdamW) take the same LR (docs/sources.md, Study B).
+MARS: `weight_decay_1d` is 0 (pytorch-optimizer's default 0.1 would decay the norm gains, which no other optimizer
+here does).
 
 Lion's `momentum` is beta2, the decay of its momentum buffer (beta1 only interpolates the sign argument); for the
 others it is the decay of the first-moment / momentum buffer. The momentum sweep (AdamW and Muon) changes only this.
@@ -27,6 +36,7 @@ import torch
 from torch import nn
 
 from gradfidelity.errors import UserError
+from gradfidelity.studies.async_pp.names import DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -38,17 +48,20 @@ class OptSpec:
     source: str = ""
 
 
+def _spec(name: str, weight_decay: float, extra: dict, source: str) -> OptSpec:
+    return OptSpec(DEFAULTS[name]["lr"], DEFAULTS[name]["momentum"], weight_decay, extra, source)
+
+
 REGISTRY: dict[str, OptSpec] = {
-    "adamw": OptSpec(2e-3, 0.9, 0.1, {"beta2": 0.95, "eps": 1e-8}, "torch.optim.AdamW; nanoGPT/SmolLM betas"),
-    "muon": OptSpec(0.02, 0.95, 0.0, {"adamw_lr": 2e-3, "adamw_wd": 0.1, "nesterov": True, "ns_steps": 5},
-                    "pytorch_optimizer.Muon; Keller Jordan muon.py defaults"),
-    "soap": OptSpec(3e-3, 0.95, 0.01, {"beta2": 0.95, "precondition_frequency": 10},
-                    "pytorch_optimizer.SOAP; SOAP reference defaults"),
-    "adan": OptSpec(2e-3, 0.98, 0.02, {"beta2": 0.92, "beta3": 0.99}, "pytorch_optimizer.Adan; Adan paper betas"),
-    "lion": OptSpec(4e-4, 0.99, 0.5, {"beta1": 0.9}, "pytorch_optimizer.Lion; Lion paper lr/wd rules"),
-    "mars": OptSpec(3e-3, 0.95, 0.1, {"beta2": 0.99, "gamma": 0.025}, "pytorch_optimizer.MARS; MARS defaults"),
+    "adamw": _spec("adamw", 0.1, {"beta2": 0.95, "eps": 1e-8}, "torch.optim.AdamW; nanoGPT/SmolLM betas"),
+    "muon": _spec("muon", 0.0, {"adamw_wd": 0.1, "nesterov": True, "ns_steps": 5},
+                  "pytorch_optimizer.Muon(use_adjusted_lr=True); Moonlight RMS matching"),
+    "soap": _spec("soap", 0.01, {"beta2": 0.95, "precondition_frequency": 10},
+                  "pytorch_optimizer.SOAP; SOAP reference defaults"),
+    "adan": _spec("adan", 0.02, {"beta2": 0.92, "beta3": 0.99}, "pytorch_optimizer.Adan; Adan paper betas"),
+    "lion": _spec("lion", 0.5, {"beta1": 0.9}, "pytorch_optimizer.Lion; Lion paper lr/wd rules"),
+    "mars": _spec("mars", 0.1, {"beta2": 0.99, "gamma": 0.025}, "pytorch_optimizer.MARS; MARS defaults"),
 }
-OPTIMIZERS = tuple(REGISTRY)
 
 
 def _is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
@@ -79,10 +92,11 @@ def build_optimizer(name: str, named_params: list[tuple[str, nn.Parameter]], *, 
         hidden = [p for n, p in named_params if _is_hidden_matrix(n, p)]
         other_m = [p for n, p in named_params if p.ndim >= 2 and not _is_hidden_matrix(n, p)]
         groups = [{"params": hidden, "use_muon": True, "lr": lr, "weight_decay": spec.weight_decay},
-                  {"params": other_m, "use_muon": False, "lr": x["adamw_lr"], "weight_decay": x["adamw_wd"]},
-                  {"params": vecs, "use_muon": False, "lr": x["adamw_lr"], "weight_decay": 0.0}]
+                  {"params": other_m, "use_muon": False, "lr": lr, "weight_decay": x["adamw_wd"]},
+                  {"params": vecs, "use_muon": False, "lr": lr, "weight_decay": 0.0}]
         opt = po.Muon([g for g in groups if g["params"]], lr=lr, momentum=mom, nesterov=x["nesterov"],
-                      ns_steps=x["ns_steps"], adamw_lr=x["adamw_lr"], adamw_betas=(0.9, 0.95), foreach=False)
+                      ns_steps=x["ns_steps"], use_adjusted_lr=True, adamw_lr=lr, adamw_betas=(0.9, 0.95),
+                      foreach=False)
     else:
         groups = [{"params": mats, "weight_decay": spec.weight_decay}, {"params": vecs, "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
@@ -93,7 +107,8 @@ def build_optimizer(name: str, named_params: list[tuple[str, nn.Parameter]], *, 
         elif name == "lion":
             opt = po.Lion(groups, lr=lr, betas=(x["beta1"], mom), foreach=False)
         else:  # mars
-            opt = po.MARS(groups, lr=lr, lr_1d=lr, betas=(mom, x["beta2"]), gamma=x["gamma"], foreach=False)
+            opt = po.MARS(groups, lr=lr, lr_1d=lr, betas=(mom, x["beta2"]), gamma=x["gamma"], weight_decay_1d=0.0,
+                          foreach=False)
     for g in opt.param_groups:
         g["base_lr"] = g["lr"]
     return opt

@@ -36,11 +36,10 @@ from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_torch_save
 from gradfidelity.studies.async_pp.data import embedded_stream
 from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, UpdateRule, model_loss_fn
-from gradfidelity.studies.async_pp.model import ModelConfig, build_model, lm_loss, stage_bounds, stage_of_params
+from gradfidelity.studies.async_pp.model import DTYPES, ModelConfig, build_model, lm_loss, stage_bounds, stage_of_params
 from gradfidelity.studies.async_pp.optimizers import build_optimizer, lr_factor, set_lr_factor
 
 PIPE_SCHEDULES = ("sync", "2bw", "pipedream")
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 @dataclass(frozen=True)

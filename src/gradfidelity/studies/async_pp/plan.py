@@ -1,39 +1,63 @@
-"""The sweep plan: which cells to train, where their run directories are, and how they are grouped into jobs.
+"""The sweep plan: which cells to train and where their run directories are (torch-free: Snakemake imports it).
 
-A cell is (optimizer, schedule, mitigation, depth, momentum, steps) + seed. Its directory spells every value,
-`results/async_pp/optimizer~muon/schedule~2bw/mitigation~none/depth~1/momentum~0.95/steps~300/seed0/` (the
-Snakemake Paramspace `name~value` convention), so a cell that two sweeps share (e.g. the main sweep's AdamW at its
-default momentum is also a point of the momentum sweep) is trained once and read by both.
+A cell is (optimizer, lr, head, schedule, mitigation, depth, momentum, steps) + seed. Its directory spells every
+value, `results/<scale>/async_pp/optimizer~muon/lr~tuned/head~tied/schedule~2bw/mitigation~none/depth~1/
+momentum~0.95/steps~300/seed0/` (the Snakemake Paramspace `name~value` convention, and the wildcards of the one
+training rule), so a cell that two sweeps share (e.g. the main sweep's AdamW at its default momentum is also a point
+of the momentum sweep) is trained once and read by both.
+
+- lr: `x<m>` = m times the optimizer's default LR (names.DEFAULTS): the LR-selection grid, sync schedule only, on
+  the selection seed `lr_selection.seed` (not one of the evaluation seeds, so the chosen LR is not fitted to the
+  seeds the gaps are measured on). `tuned` = the LR chosen from that grid (lr_select.py): every other cell, every
+  schedule, so every async variant uses the LR chosen on sync before any async run.
+- head: `tied` (the model's `tie_embeddings`) everywhere except the depth sweep, which unties the LM head (README:
+  a tied head cannot be fresh at the last stage of an asynchronous pipeline), with its own sync and 2bw references.
 
 Sweeps (config `sweeps`):
-- main:     optimizer x {sync, 2bw, 2bw+error_feedback, 2bw+taylor, 2bw+sync_start, 2bw+sync_cooldown}
-- momentum: optimizer x momentum x {sync, 2bw}
-- depth:    optimizer x P x {pipedream, pipedream_vsync} (compared with the depth-free sync and 2bw cells)
-- length:   optimizer x steps x {sync, 2bw}
-Jobs: each Snakemake job trains `cells_per_job` cells of one optimizer and seed in one process (python + torch
-start-up costs seconds per job on 2 cores); every cell still gets its own run directory and metrics.json.
+- main:       optimizer x {sync, 2bw}                                      (B1-B3)
+- mitigation: optimizer x 2bw x {error_feedback, taylor, sync_start, sync_cooldown}   (B5, B9)
+- momentum:   optimizer x momentum x {sync, 2bw}                           (B4)
+- depth:      optimizer x P x {pipedream, pipedream_vsync}, untied head, + untied sync and 2bw   (B6)
+- length:     optimizer x steps x {sync, 2bw}                              (B7)
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import dataclass
 
 from gradfidelity.errors import UserError
-from gradfidelity.studies.async_pp.names import MITIGATIONS, OPTIMIZERS, SCHEDULES
+from gradfidelity.studies.async_pp.names import DEFAULTS, HEADS, MITIGATIONS, OPTIMIZERS, SCHEDULES
 
-KEYS = ("optimizer", "schedule", "mitigation", "depth", "momentum", "steps")
+KEYS = ("optimizer", "lr", "head", "schedule", "mitigation", "depth", "momentum", "steps")
+TUNED = "tuned"
+# The training rule's run directory and output, with these wildcards (constraints in WILDCARDS).
+RUN_DIR = "/".join(f"{k}~{{{k}}}" for k in KEYS) + "/seed{seed}"
+PATTERN = RUN_DIR + "/metrics.json"
+WILDCARDS = {"optimizer": "|".join(OPTIMIZERS), "lr": r"tuned|x[0-9.e+-]+", "head": "|".join(HEADS),
+             "schedule": "|".join(SCHEDULES), "mitigation": "|".join(MITIGATIONS), "depth": r"\d+",
+             "momentum": r"[0-9.]+", "steps": r"\d+", "seed": r"\d+"}
 
 
 @dataclass(frozen=True, order=True)
 class Cell:
     optimizer: str
+    lr: str
+    head: str
     schedule: str
     mitigation: str
     depth: int
     momentum: float
     steps: int
     seed: int
+
+    def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"async_pp: optimizer {self.optimizer!r} not in {list(OPTIMIZERS)}")
+        if self.lr != TUNED:
+            lr_multiplier(self.lr)
+        if self.head not in HEADS:
+            raise UserError(f"async_pp: head {self.head!r} not in {list(HEADS)}")
 
     def dir(self, root: str = "results/async_pp") -> str:
         parts = "/".join(f"{k}~{getattr(self, k)}" for k in KEYS)
@@ -43,56 +67,96 @@ class Cell:
         return f"{self.dir(root)}/metrics.json"
 
 
-def default_momentum(cfg: dict, optimizer: str) -> float:
-    """The optimizer's momentum outside the momentum sweep: config `optimizers.<name>.momentum`."""
-    try:
-        return float(cfg["optimizers"][optimizer]["momentum"])
-    except (KeyError, TypeError):
-        raise UserError(f"async_pp.optimizers.{optimizer}.momentum is missing") from None
+def lr_label(multiplier: float) -> str:
+    return f"x{float(multiplier):g}"
 
 
-def _variant(v: str) -> tuple[str, str]:
+def lr_multiplier(label: str) -> float:
+    if not re.fullmatch(r"x[0-9.e+-]+", label):
+        raise UserError(f"async_pp: lr {label!r} is neither {TUNED!r} nor x<multiplier>")
+    return float(label[1:])
+
+
+def default_momentum(optimizer: str) -> float:
+    """The optimizer's momentum outside the momentum sweep (names.DEFAULTS, the one place it is set)."""
+    if optimizer not in DEFAULTS:
+        raise UserError(f"async_pp: optimizer {optimizer!r} not in {list(OPTIMIZERS)}")
+    return float(DEFAULTS[optimizer]["momentum"])
+
+
+def main_head(cfg: dict) -> str:
+    return "tied" if cfg["model"].get("tie_embeddings", True) else "untied"
+
+
+def variant(v: str) -> tuple[str, str]:
     """'2bw+error_feedback' -> ('2bw', 'error_feedback'); 'sync' -> ('sync', 'none')."""
     schedule, _, mitigation = v.partition("+")
     mitigation = mitigation or "none"
     if schedule not in SCHEDULES or mitigation not in MITIGATIONS:
-        raise UserError(f"async_pp.sweeps.main.variants: {v!r} is not schedule[+mitigation] with schedule in "
+        raise UserError(f"async_pp: variant {v!r} is not schedule[+mitigation] with schedule in "
                         f"{list(SCHEDULES)} and mitigation in {list(MITIGATIONS)}")
     return schedule, mitigation
 
 
+def sweep_optimizers(cfg: dict) -> list[str]:
+    sw = cfg["sweeps"]
+    return sorted({o for key in ("main", "mitigation", "momentum", "depth", "length") for o in sw[key]["optimizers"]},
+                  key=OPTIMIZERS.index)
+
+
+def selection_seed(cfg: dict) -> int:
+    seed = int(cfg["lr_selection"]["seed"])
+    if seed < int(cfg["seeds"]):
+        raise UserError(f"async_pp.lr_selection.seed {seed} is one of the evaluation seeds 0..{cfg['seeds'] - 1}: "
+                        "the LR would be chosen on the runs it is judged on")
+    return seed
+
+
+def grid_cells(cfg: dict) -> list[Cell]:
+    """The LR-selection grid: sync, every multiplier, the selection seed, the main budget and model."""
+    seed, steps, head = selection_seed(cfg), int(cfg["train"]["steps"]), main_head(cfg)
+    return sorted(Cell(o, lr_label(m), head, "sync", "none", 1, default_momentum(o), steps, seed)
+                  for o in sweep_optimizers(cfg) for m in cfg["lr_selection"]["multipliers"])
+
+
 def cells(cfg: dict) -> list[Cell]:
-    """Every cell of every sweep, deduplicated and sorted."""
+    """Every cell of every sweep (LR grid included), deduplicated and sorted."""
     steps = int(cfg["train"]["steps"])
     seeds = range(int(cfg["seeds"]))
     sw = cfg["sweeps"]
-    out: set[Cell] = set()
+    head0 = main_head(cfg)
+    out: set[Cell] = set(grid_cells(cfg))
 
-    def add(opt, schedule, mitigation="none", depth=1, momentum=None, n_steps=steps):
-        if opt not in OPTIMIZERS:
-            raise UserError(f"async_pp.sweeps: optimizer {opt!r} not in {list(OPTIMIZERS)}")
-        mom = default_momentum(cfg, opt) if momentum is None else float(momentum)
+    def add(opt, schedule, mitigation="none", depth=1, momentum=None, n_steps=steps, head=head0):
+        mom = default_momentum(opt) if momentum is None else float(momentum)
         depth = int(depth) if schedule.startswith("pipedream") else 1
+        if schedule.startswith("pipedream") and head == "tied":
+            raise UserError("async_pp: pipedream cells need an untied head (the depth sweep unties it)")
         for s in seeds:
-            out.add(Cell(opt, schedule, mitigation, depth, mom, int(n_steps), s))
+            out.add(Cell(opt, TUNED, head, schedule, mitigation, depth, mom, int(n_steps), s))
 
     for opt in sw["main"]["optimizers"]:
-        for v in sw["main"]["variants"]:
-            add(opt, *_variant(v))
+        for schedule in ("sync", "2bw"):
+            add(opt, schedule)
+    for opt in sw["mitigation"]["optimizers"]:
+        for schedule in ("sync", "2bw"):
+            add(opt, schedule)
+        for mit in sw["mitigation"]["mitigations"]:
+            add(opt, "2bw", mit)
     for opt in sw["momentum"]["optimizers"]:
         for mom in sw["momentum"]["momenta"]:
             for schedule in ("sync", "2bw"):
                 add(opt, schedule, momentum=mom)
     n_units = 2 * int(cfg["model"]["n_layers"]) + 2
-    if max(sw["depth"]["depths"]) > n_units:
+    if sw["depth"]["depths"] and max(sw["depth"]["depths"]) > n_units:
         raise UserError(f"async_pp.sweeps.depth.depths: P = {max(sw['depth']['depths'])} exceeds the model's "
                         f"{n_units} pipeline units (2 * model.n_layers + 2)")
     for opt in sw["depth"]["optimizers"]:
         for schedule in ("sync", "2bw"):
-            add(opt, schedule)
+            add(opt, schedule, head="untied")
         for P in sw["depth"]["depths"]:
             for schedule in sw["depth"]["schedules"]:
-                add(opt, schedule, depth=P)
+                add(opt, schedule, depth=P, head="untied")
     for opt in sw["length"]["optimizers"]:
         for n in sw["length"]["steps"]:
             for schedule in ("sync", "2bw"):
@@ -100,30 +164,22 @@ def cells(cfg: dict) -> list[Cell]:
     return sorted(out)
 
 
-@dataclass(frozen=True)
-class Group:
-    name: str
-    cells: tuple[Cell, ...]
-
-    def cells_json(self) -> str:
-        return json.dumps([asdict(c) for c in self.cells], sort_keys=True)
-
-
-def groups(cfg: dict) -> list[Group]:
-    """Cells of one (optimizer, seed), cheapest first, chunked by `cells_per_job`."""
-    per = int(cfg.get("cells_per_job", 1))
-    by_key: dict[tuple[str, int], list[Cell]] = {}
-    for c in cells(cfg):
-        by_key.setdefault((c.optimizer, c.seed), []).append(c)
-    out = []
-    for (opt, seed), cs in sorted(by_key.items()):
-        for i in range(0, len(cs), per):
-            out.append(Group(f"{opt}_seed{seed}_{i // per}", tuple(cs[i:i + per])))
-    return out
-
-
-def cell_from_dict(d: dict) -> Cell:
+def cell_from_wildcards(w) -> Cell:
+    """The cell of the training rule's wildcards (a dict or Snakemake's Wildcards object)."""
+    get = w.get if isinstance(w, dict) else (lambda k: getattr(w, k))
     try:
-        return Cell(**d)
-    except TypeError as exc:
-        raise UserError(f"async_pp cell {d}: {exc}") from None
+        return Cell(get("optimizer"), get("lr"), get("head"), get("schedule"), get("mitigation"), int(get("depth")),
+                    float(get("momentum")), int(get("steps")), int(get("seed")))
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise UserError(f"async_pp cell {w}: {exc}") from None
+
+
+_DIR = re.compile("/".join(f"{k}~(?P<{k}>[^/]+)" for k in KEYS) + r"/seed(?P<seed>\d+)(?:/metrics\.json)?$")
+
+
+def cell_from_path(path: str) -> Cell:
+    """The cell of a run directory or its metrics.json (the aggregation reads the files it is given)."""
+    m = _DIR.search(str(path))
+    if not m:
+        raise UserError(f"{path}: not an async_pp run path (.../{'~.../'.join(KEYS)}~.../seed<k>)")
+    return cell_from_wildcards(m.groupdict())

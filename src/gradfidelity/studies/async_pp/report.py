@@ -13,18 +13,26 @@ from gradfidelity.studies.async_pp.plan import default_momentum
 from gradfidelity.tables import write_table
 
 
-def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str) -> None:
+def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, curves: pd.DataFrame | None = None) -> None:
     n = len(g.seeds)
     note = (f"scale {scale}, {n} seed(s) per cell, {g.steps} steps, embedded char corpus unless the config says "
             "fineweb_edu; losses in nats per token")
     paired = ("every number of a row is over the row's paired seeds (`seeds`): a seed on which one of the row's runs "
               "diverged or is missing is left out of the whole row and named in `diverged`; nan = no seed left")
-    write_table(main_table(g), main_csv, title="Study B: final validation loss, sync vs one-step delay (2bw)",
-                notes=[note, paired, "gap = async - sync per seed, then the mean; EF recovery % = 100 (async - "
-                       "async_EF) / (async - sync) per seed, then the mean (nan if async <= sync on a seed)"])
+    write_table(main_table(g, curves), main_csv,
+                title="Study B: final validation loss, sync vs one-step delay (2bw), at the LR chosen on sync",
+                notes=[note, paired, "gap = async - sync per seed, then the mean; gap_low/gap_high: its t interval "
+                       "over the paired seeds (registry level); gap_pct_of_sync = 100 gap / sync",
+                       "extra_steps = T - the step at which the sync run first reached the async run's final loss "
+                       "(interpolated on the validation curve): the gap as steps of sync training; nan if async "
+                       "ends below sync",
+                       "sync_plateau_delta = sync val loss at 90% of the steps minus at the end; plateau_gate = pass "
+                       "if |delta| < gap/4 (or 1% of the sync loss / 4 when the gap is smaller), the gate of every "
+                       "claim on this optimizer (analysis.py)"])
     write_table(mitigations_table(g), mitig_csv, title="Study B: mitigations of the one-step delay",
                 notes=[note, paired, "ratio_<m> = mean over seeds of gap(2bw + m) / gap(2bw); < 1 means the "
-                       "mitigation helps; nan if the 2bw gap is <= 0 on a seed"])
+                       "mitigation helps; nan if the 2bw gap is <= 0 on a seed; EF recovery % = 100 (async - "
+                       "async_EF) / (async - sync) per seed, then the mean (nan if async <= sync on a seed)"])
 
 
 def _line(ax, xs, ys, label, **kw):
@@ -52,11 +60,12 @@ def fig_depth(g: Gaps, path: str) -> None:
         color = f"C{i}"
         for schedule, ls in (("pipedream", "-"), ("pipedream_vsync", ":")):
             if schedule in sw["schedules"]:
-                _line(ax, sw["depths"], [g.gap(opt, schedule, depth=P) for P in sw["depths"]],
+                _line(ax, sw["depths"], [g.gap(opt, schedule, depth=P, head="untied") for P in sw["depths"]],
                       f"{opt} {schedule}", color=color, ls=ls)
-        ax.plot(sw["depths"], [g.gap(opt)] * len(sw["depths"]), color=color, ls="--", label=f"{opt} 2bw")
+        ax.plot(sw["depths"], [g.gap(opt, head="untied")] * len(sw["depths"]), color=color, ls="--",
+                label=f"{opt} 2bw")
     ax.set_xscale("log", base=2)
-    style_axes(ax, "Gap vs pipeline depth P", "pipeline depth P", "gap vs sync, nats")
+    style_axes(ax, "Gap vs pipeline depth P (untied head)", "pipeline depth P", "gap vs sync, nats")
     ax.legend(fontsize=7)
     save_figure(fig, path, caption="Claim B6: PipeDream's staleness is P-1-k per stage, 2BW's is 1 at any depth.")
 
@@ -82,10 +91,11 @@ def fig_curves(curves: pd.DataFrame, g: Gaps, path: str) -> None:
     ncols = min(3, len(opts))
     nrows = math.ceil(len(opts) / ncols)
     fig, axes = new_figure(ncols=ncols, nrows=nrows, width=3.2, height=2.6)
-    c = curves[(curves.depth == 1) & (curves.steps == g.steps)]
+    c = curves[(curves.depth == 1) & (curves.steps == g.steps) & (curves["lr"] == "tuned")
+               & (curves["head"] == g.head)]
     for i, opt in enumerate(opts):
         ax = axes[i // ncols, i % ncols]
-        sel = c[(c.optimizer == opt) & np.isclose(c.momentum, default_momentum(g.cfg, opt))]
+        sel = c[(c.optimizer == opt) & np.isclose(c.momentum, default_momentum(opt))]
         for schedule, mitigation, label in (("sync", "none", "sync"), ("2bw", "none", "2bw"),
                                             ("2bw", "error_feedback", "2bw+EF")):
             s = sel[(sel.schedule == schedule) & (sel.mitigation == mitigation)]
@@ -101,7 +111,7 @@ def fig_curves(curves: pd.DataFrame, g: Gaps, path: str) -> None:
 
 
 def write_figures(runs_csv: str, curves_csv: str, cfg: dict, paths: dict) -> None:
-    g = Gaps(pd.read_csv(runs_csv), cfg)
+    g = Gaps(pd.read_csv(runs_csv), cfg)  # runs.csv is refused at another scale by the tables and claims rules
     fig_momentum(g, paths["momentum"])
     fig_depth(g, paths["depth"])
     fig_gap_vs_tokens(g, paths["gap_vs_tokens"])

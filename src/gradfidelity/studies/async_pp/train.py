@@ -5,6 +5,11 @@ what the real multi-process pipeline computes. Everything in metrics.json is a p
 seed, threads): batches are drawn by (seed, step), checkpoints hold the model, the optimizer and the weight
 history, so a killed and resumed run ends with the same numbers.
 
+The LR: `lr~x<m>` cells (the selection grid) train at m x the default LR (names.DEFAULTS); `lr~tuned` cells read the
+chosen LR from the selection file (lr_select.py). The head: `head~untied` unties the LM head from the embedding.
+Besides the evenly spaced evaluations the run evaluates at 90% of its steps: `plateau_delta` = val(0.9 T) - val(T),
+the sync plateau gate of the claims.
+
 Settings (config `train`, `delay`; chosen before any result was seen): warmup-stable-decay LR with 10% warmup and a
 20% linear decay to 0.1x; sync_start K = 10% of the steps (the warmup), sync_cooldown K = 20% (the decay phase);
 Taylor DC-ASGD-a with lambda0 2.0 and EMA 0.95 (the adaptive variant: a fixed lambda of 0.04 times g*g is
@@ -18,18 +23,27 @@ from pathlib import Path
 
 import torch
 
+from gradfidelity.errors import UserError
 from gradfidelity.harness import Run
 from gradfidelity.studies.async_pp.data import build_stream
 from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, model_loss_fn
-from gradfidelity.studies.async_pp.model import ModelConfig, build_model, lm_loss, n_params, stage_of_params
+from gradfidelity.studies.async_pp.lr_select import tuned_lr
+from gradfidelity.studies.async_pp.model import DTYPES, ModelConfig, build_model, lm_loss, n_params, stage_of_params
+from gradfidelity.studies.async_pp.names import DEFAULTS
 from gradfidelity.studies.async_pp.optimizers import build_optimizer, lr_factor, set_lr_factor
-from gradfidelity.studies.async_pp.plan import Cell
+from gradfidelity.studies.async_pp.plan import TUNED, Cell, lr_multiplier
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+PLATEAU_FRAC = 0.1  # the plateau gate compares the sync loss at 90% and 100% of the steps
+
 
 
 def delay_spec(cfg: dict, cell: Cell) -> DelaySpec:
-    d = cfg["delay"]
+    d = cfg.get("delay")  # the rule passes it to the cells whose mitigation reads it, only
+    if d is None:
+        if cell.mitigation in ("sync_start", "sync_cooldown", "taylor"):
+            raise UserError(f"async_pp: mitigation {cell.mitigation} needs the config's `delay` section")
+        d = {"sync_start_frac": 0.0, "sync_cooldown_frac": 0.0, "taylor_lambda": 0.0, "taylor_adaptive": False,
+             "taylor_ema": 0.5}
     return DelaySpec(schedule=cell.schedule, mitigation=cell.mitigation, depth=cell.depth, total_steps=cell.steps,
                      sync_start_steps=round(d["sync_start_frac"] * cell.steps),
                      sync_cooldown_steps=round(d["sync_cooldown_frac"] * cell.steps),
@@ -42,19 +56,40 @@ def evaluate(model, val_batches) -> float:
     return sum(float(lm_loss(model(x), y)) for x, y in val_batches) / len(val_batches)
 
 
-def run_cell(cfg: dict, cell: Cell, root: str, threads: int) -> Path:
+def cell_lr(cell: Cell, lr_selection: str | None) -> float:
+    if cell.lr == TUNED:
+        if not lr_selection:
+            raise UserError(f"async_pp cell {cell.dir()}: lr~tuned needs the LR selection file (--lr-selection)")
+        return tuned_lr(lr_selection, cell.optimizer)
+    return DEFAULTS[cell.optimizer]["lr"] * lr_multiplier(cell.lr)
+
+
+def eval_steps(steps: int, evals: int) -> list[int]:
+    """Steps (1-based, after the update) at which the run evaluates: evenly spaced, 90% and the last."""
+    every = max(1, steps // evals)
+    return sorted({t for t in range(every, steps + 1, every)} | {plateau_step(steps), steps})
+
+
+def plateau_step(steps: int) -> int:
+    return max(1, round((1 - PLATEAU_FRAC) * steps))
+
+
+def run_cell(cfg: dict, cell: Cell, root: str, threads: int, lr_selection: str | None = None) -> Path:
     tc = cfg["train"]
     out = Path(cell.dir(root))
     spec = delay_spec(cfg, cell)  # validates schedule/mitigation before any work
-    opt_cfg = (cfg.get("optimizers") or {}).get(cell.optimizer) or {}
+    if cell.schedule.startswith("pipedream") and cell.head == "tied":
+        raise UserError("async_pp: pipedream needs head~untied (a tied head cannot be fresh at the last stage)")
+    lr = cell_lr(cell, lr_selection)
     record = {"cell": {k: getattr(cell, k) for k in cell.__dataclass_fields__}, "model": cfg["model"],
-              "data": cfg["data"], "train": tc, "delay": cfg["delay"], "optimizer": opt_cfg}
+              "data": cfg["data"], "train": tc, "delay": cfg.get("delay"), "lr": lr}
     with Run(out, study="async_pp", config=record, seed=cell.seed, threads=threads,
              checkpoint_every=int(tc["checkpoint_every"])) as run:
         stream = build_stream(cfg["data"], int(tc["seq_len"]), int(tc["batch_size"]), cell.seed)
-        mcfg = ModelConfig.from_dict(cfg["model"], vocab_size=stream.vocab_size)
+        mcfg = ModelConfig.from_dict(dict(cfg["model"], tie_embeddings=cell.head == "tied"),
+                                     vocab_size=stream.vocab_size)
         model = build_model(mcfg, seed=cell.seed, dtype=DTYPES[tc["dtype"]])
-        opt = build_optimizer(cell.optimizer, list(model.named_parameters()), lr=opt_cfg.get("lr"),
+        opt = build_optimizer(cell.optimizer, list(model.named_parameters()), lr=lr,
                               momentum=cell.momentum)
         stages = stage_of_params(model, cell.depth) if cell.schedule.startswith("pipedream") else None
         sim = DelaySimulator(model, opt, spec, stages)
@@ -66,7 +101,7 @@ def run_cell(cfg: dict, cell: Cell, root: str, threads: int) -> Path:
         tokens_per_step = int(tc["batch_size"]) * int(tc["seq_len"])
         warmup = round(tc["warmup_frac"] * cell.steps)
         decay = round(tc["decay_frac"] * cell.steps)
-        every = max(1, cell.steps // int(tc["evals"]))
+        at = set(eval_steps(cell.steps, int(tc["evals"])))
         t0 = time.perf_counter()
         for t in run.progress(range(start, cell.steps), desc=out.parent.name):
             x, y = stream.batch(t)
@@ -74,7 +109,7 @@ def run_cell(cfg: dict, cell: Cell, root: str, threads: int) -> Path:
             loss = sim.step(t, model_loss_fn(model, [(x, y)], lm_loss))
             run.check_finite(loss, t)
             train_loss.append(loss)
-            if (t + 1) % every == 0 or t + 1 == cell.steps:
+            if t + 1 in at:
                 val = evaluate(model, val_batches)
                 run.check_finite(val, t, what="val_loss")
                 curve.append([t + 1, (t + 1) * tokens_per_step, val])
@@ -82,7 +117,9 @@ def run_cell(cfg: dict, cell: Cell, root: str, threads: int) -> Path:
         elapsed = time.perf_counter() - t0
         steps_done = cell.steps - start
         last = train_loss[-10:]
-        run.finish({"final_val_loss": curve[-1][2], "curve": curve, "n_params": n_params(model),
+        val_at = {int(st): v for st, _, v in curve}
+        run.finish({"final_val_loss": curve[-1][2], "curve": curve, "n_params": n_params(model), "lr": lr,
+                    "plateau_delta": val_at[plateau_step(cell.steps)] - curve[-1][2],
                     "tokens": cell.steps * tokens_per_step, "final_train_loss": sum(last) / len(last),
                     "max_delay": spec.max_delay},
                    timing={"step_s": elapsed / max(steps_done, 1),

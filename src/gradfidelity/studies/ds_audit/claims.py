@@ -3,11 +3,13 @@
 Why computed here from the tables' rows and not inside the probe: data flows one way (runs -> table -> evidence),
 so the number in the claims report is the number a reader finds in paper_tables/.
 
-Every value is a record of the evidence contract (gradfidelity.claims.evidence). The probe is deterministic (one
-optimizer step, fixed inputs, a least-squares read-out within a stated tolerance), so a matrix claim is `exact`, with
-n = the number of matrix rows behind the value; a claim with no row to measure is `not_measured` with the reason.
-A4 is the Spearman correlation over the loss-aggregation summary (means over seeds per spread level): that statistic
-is itself the registry's decision rule, so it is recorded exactly too, with n = the spread levels behind it.
+Every value is a record of the evidence contract (gradfidelity.claims.evidence). The probe is deterministic (fixed
+inputs, a least-squares read-out within a stated tolerance), so a matrix claim is `exact`, with n = the number of
+matrix rows behind the value; a claim with no row to measure (none in scope, or every one errored) is `not_measured`
+with the reason. Claims read each row's raw probe result (`result`: per-step contributions, norms, clip
+coefficients), never the formatted table strings. A4 is the Spearman correlation over the loss-aggregation summary
+(means over seeds per spread level): that statistic is itself the registry's decision rule, so it is recorded
+exactly too, with n = the spread levels behind it.
 
 `sources`: the run directories of the rows a claim read (the matrix table's `run_dir` column, filled by the
 ds-audit-tables step) followed by the table paths it summarises.
@@ -22,26 +24,30 @@ from collections.abc import Sequence
 import pandas as pd
 from scipy.stats import spearmanr
 
-from gradfidelity.claims.evidence import exact, not_measured
-from gradfidelity.studies.ds_audit.matrix import compare
+from gradfidelity.claims.evidence import exact, gate, not_measured, with_parts
+from gradfidelity.studies.ds_audit.prediction import compare
+from gradfidelity.studies.ds_audit.probe import clip_coefficient
 
 
-def _vec(row) -> list[float]:
-    return [float(x) for x in row.contributions_raw.split()]
+def _steps(row) -> list[dict]:
+    return row.result["per_step"]
 
 
 def _ran(df: pd.DataFrame) -> pd.DataFrame:
     return df[df.status == "ok"]
 
 
+def _accum(df: pd.DataFrame) -> pd.DataFrame:
+    """Accumulation rows: one backward per micro-step, clipping off."""
+    return df[(df.backward_calls == 1) & (df.clip_mode == "off")]
+
+
 def _pred(row) -> list[int] | None:
     return None if row.predicted == "open" else json.loads(row.predicted)
 
 
-def _tol(r) -> float:
-    from gradfidelity.studies.ds_audit.probe import TOLERANCE
-
-    return TOLERANCE[r.dtype]
+def _tol(row) -> float:
+    return row.result["tolerance"]
 
 
 def _sources(rows: pd.DataFrame, tables: Sequence[str]) -> list[str]:
@@ -51,33 +57,31 @@ def _sources(rows: pd.DataFrame, tables: Sequence[str]) -> list[str]:
 
 
 def a1(df: pd.DataFrame, tables: Sequence[str] = ()) -> dict:
-    """Rows with ZeRO 0/2/3 (one backward per micro-step) that ran and whose vector differs from the prediction."""
-    scope = df[df.zero_stage.isin([0, 2, 3]) & (df.backward_calls == 1)]
+    """Accumulation rows with ZeRO 0/2/3 that ran and whose per-step vectors differ from the prediction."""
+    scope = _accum(df[df.zero_stage.isin([0, 2, 3])])
     sel = _ran(scope)
     src = _sources(scope, tables)
     n_err = len(scope) - len(sel)
     if sel.empty:
-        return not_measured(f"no ZeRO 0/2/3 row ran ({n_err} could not run)", sources=src)
-    bad = []
-    for r in sel.itertuples(index=False):
-        res = {"contributions": _vec(r), "tolerance": _tol(r), "residual": r.residual}
-        if compare(res, _pred(r)) != "yes":
-            bad.append(f"{r.deepspeed} r{r.ranks} z{r.zero_stage} {r.offload} ga{r.ga} {r.dtype}: {r.contributions}")
+        return not_measured(f"no ZeRO 0/2/3 row ran ({n_err} of {len(scope)} could not run)", sources=src)
+    bad = [f"{r.deepspeed} r{r.ranks} z{r.zero_stage} {r.offload} ga{r.ga} {r.dtype}: {r.contributions}"
+           for r in sel.itertuples(index=False) if compare(r.result, _pred(r), r.predicted_clip) != "yes"]
     detail = (f"{len(sel)} rows ran ({n_err} could not run and are not counted); disagreeing: "
               + ("; ".join(bad[:8]) if bad else "none"))
     return exact(len(bad), n=len(sel), detail=detail, sources=src)
 
 
 def a1_z1(df: pd.DataFrame, ranks: int, tables: Sequence[str] = ()) -> dict:
-    """Whether any 0.18.9 ZeRO-1 + offload, GA >= 3 row with `ranks` ranks drops a micro-batch (exact boolean)."""
-    sel = df[(df.deepspeed == "0.18.9") & (df.zero_stage == 1) & (df.offload != "none") & (df.ga >= 3)
-             & (df.backward_calls == 1) & (df.ranks == ranks)]
+    """Whether any 0.18.9 ZeRO-1 + offload, GA >= 3 row with `ranks` ranks drops a micro-batch in any step."""
+    sel = _accum(df[(df.deepspeed == "0.18.9") & (df.zero_stage == 1) & (df.offload != "none") & (df.ga >= 3)
+                    & (df.ranks == ranks)])
     ran = _ran(sel)
     src = _sources(sel, tables)
     if ran.empty:
         errs = "; ".join(sorted(set(sel.error)))[:400] or "no such row in the matrix"
         return not_measured(f"no 0.18.9 ZeRO-1 + offload GA>=3 {ranks}-rank row ran: {errs}", sources=src)
-    drops = [r for r in ran.itertuples(index=False) if any(abs(c) <= _tol(r) for c in _vec(r))]
+    drops = [r for r in ran.itertuples(index=False)
+             if any(abs(c) <= _tol(r) for s in _steps(r) for c in s["contributions"])]
     ex = "; ".join(f"ga{r.ga} {r.dtype}: {r.contributions}" for r in list(ran.itertuples(index=False))[:6])
     return exact(bool(drops), n=len(ran), detail=f"{len(drops)} of {len(ran)} rows drop a micro-batch ({ex})",
                  sources=src)
@@ -85,54 +89,81 @@ def a1_z1(df: pd.DataFrame, ranks: int, tables: Sequence[str] = ()) -> dict:
 
 def a1_7981(df: pd.DataFrame, tables: Sequence[str] = ()) -> dict:
     sel = df[(df.deepspeed == "0.18.9") & (df.zero_stage == 2) & (df.offload != "none") & (df.ga == 1)
-             & (df.backward_calls == 4)]
+             & (df.backward_calls == 4) & (df.boundary == "manual") & (df.clip_mode == "off")]
     ran = _ran(sel)
     src = _sources(sel, tables)
     if ran.empty:
-        return not_measured("no 0.18.9 ZeRO-2 + offload GA 1 x 4-backward row ran", sources=src)
+        return not_measured("no 0.18.9 ZeRO-2 + offload GA 1 x 4-backward (boundary marked) row ran", sources=src)
     devs, ex = [], []
     for r in ran.itertuples(index=False):
         target = [0, 0, 0, 1] * r.ranks
-        devs.append(max(abs(a - b) for a, b in zip(_vec(r), target, strict=True)))
+        devs += [max(abs(a - b) for a, b in zip(s["contributions"], target, strict=True)) for s in _steps(r)]
         ex.append(f"r{r.ranks} {r.dtype}: {r.contributions}")
-    return exact(max(devs), n=len(ran), detail=f"max over {len(ran)} rows of max|c - [0,0,0,1] per rank|: "
-                 + "; ".join(ex), sources=src)
+    return exact(max(devs), n=len(ran), detail=f"max over {len(ran)} rows and their steps of max|c - [0,0,0,1] per "
+                 "rank|: " + "; ".join(ex), sources=src)
 
 
 def a2(df: pd.DataFrame, tables: Sequence[str] = ()) -> dict:
-    sel = df[(df.deepspeed == "0.18.9") & (df.zero_stage == 2) & (df.offload != "none") & (df.ga == 2)
-             & (df.backward_calls == 1)]
+    sel = _accum(df[(df.deepspeed == "0.18.9") & (df.zero_stage == 2) & (df.offload != "none") & (df.ga == 2)])
     ran = _ran(sel)
     src = _sources(sel, tables)
     if ran.empty:
         return not_measured("no 0.18.9 ZeRO-2 + offload GA 2 row ran", sources=src)
-    dev = max(max(abs(c - 1) for c in _vec(r)) for r in ran.itertuples(index=False))
+    dev = max(abs(c - 1) for r in ran.itertuples(index=False) for s in _steps(r) for c in s["contributions"])
     ex = "; ".join(f"r{r.ranks} {r.dtype}: {r.contributions}" for r in ran.itertuples(index=False))
-    return exact(dev, n=len(ran), detail=f"max |c_i - 1| over {len(ran)} rows: {ex}", sources=src)
+    return exact(dev, n=len(ran), detail=f"max |c_i - 1| over {len(ran)} rows and their steps: {ex}", sources=src)
+
+
+def _bug_pattern(row, ga: int) -> bool:
+    want = ([1] + [0] * (ga - 2) + [1]) * row.ranks
+    for s in _steps(row):
+        c = s["contributions"]
+        top = max(c)
+        if top <= _tol(row) or any(abs(x / top - w) > _tol(row) for x, w in zip(c, want, strict=True)):
+            return False
+    return True
 
 
 def a3(df: pd.DataFrame, tables: Sequence[str] = (), ga: int = 8) -> dict:
-    """(reported norm / reference norm) / (2/N) on the one-rank fp32 row (the cleanest one); others in detail.
+    """The mechanism: on 0.18.9 ZeRO-2 + offload GA `ga` rows the reported norm is the norm of the kept micro-batches
+    g0 + g(N-1) (part `norm`: max |reported / ||g0 + g(N-1)|| - 1| over rows and steps), and clipping scales by the
+    coefficient of that norm (part `clip`: max |clip applied - min(1, threshold / ||g0 + g(N-1)||)| on the active
+    clipping rows, where the full gradient's norm is twice the threshold). Gated on the rows actually showing the
+    bug (else the kept and the full gradient coincide and nothing is tested) and on the clipping rows discriminating
+    (the full gradient's coefficient differs from the partial one's). The "about 2/N" of the paper is a property of
+    how aligned the micro-batch gradients are, not of DeepSpeed: the probe's reported/true ratio over 2/N is in the
+    detail for what it is."""
+    base = df[(df.deepspeed == "0.18.9") & (df.zero_stage == 2) & (df.offload != "none") & (df.ga == ga)
+              & (df.backward_calls == 1)]
+    norm_rows, clip_rows = _ran(base[base.clip_mode == "off"]), _ran(base[base.clip_mode == "active"])
+    src = _sources(base, tables)
+    def none(why: str) -> dict:  # a parts claim keeps its parts when nothing is measured
+        return with_parts({k: not_measured(why, sources=src) for k in ("norm", "clip")}, detail=why, sources=src)
 
-    The value is that one row's, so n = 1; the other rows' ratios are listed in the detail.
-    """
-    scope = df[(df.deepspeed == "0.18.9") & (df.zero_stage == 2) & (df.offload != "none") & (df.ga == ga)
-               & (df.backward_calls == 1)]
-    sel = _ran(scope)
-    sel = sel[sel.grad_norm_ratio.notna()]
-    if sel.empty:
-        return not_measured(f"no 0.18.9 ZeRO-2 + offload GA {ga} row reported a gradient norm",
-                            sources=_sources(scope, tables))
-    vals = {f"r{r.ranks} {r.dtype}": float(r.grad_norm_ratio) / (2 / ga) for r in sel.itertuples(index=False)}
-    keys = [f"r{r.ranks} {r.dtype}" for r in sel.itertuples(index=False)]
-    primary = "r1 fp32" if "r1 fp32" in vals else keys[0]
-    row = sel.iloc[[keys.index(primary)]]
-    applied = {f"r{r.ranks} {r.dtype}": float(r.applied_norm_ratio) / (2 / ga) for r in sel.itertuples(index=False)}
-    detail = (f"row {primary}; all rows (reported/true)/(2/N): " + ", ".join(f"{k} {v:.3f}" for k, v in vals.items())
-              + "; norm of the update actually applied /(2/N): "
-              + ", ".join(f"{k} {v:.3f}" for k, v in applied.items())
-              + f"; sqrt(2/N)/(2/N) would be {(ga / 2) ** 0.5:.3f}")
-    return exact(vals[primary], n=1, detail=detail, sources=_sources(row, tables))
+    if norm_rows.empty or clip_rows.empty:
+        return none(f"needs 0.18.9 ZeRO-2 + offload GA {ga} rows with clipping off and active; ran: "
+                    f"{len(norm_rows)} and {len(clip_rows)}")
+    if any(s["reported_over_kept"] is None for r in norm_rows.itertuples(index=False) for s in _steps(r)):
+        return none("DeepSpeed reported no gradient norm")
+    bug = all(_bug_pattern(r, ga) for r in pd.concat([norm_rows, clip_rows]).itertuples(index=False))
+    ratios = [s["reported_over_kept"] for r in norm_rows.itertuples(index=False) for s in _steps(r)]
+    coefs = [(s["clip_applied"], clip_coefficient(s["kept_norm"], r.result["clip"]), s["clip_full"])
+             for r in clip_rows.itertuples(index=False) for s in _steps(r)]
+    discriminates = all(abs(p - f) > 0.1 for _, p, f in coefs)
+    two_over_n = ", ".join(f"r{r.ranks} {r.dtype} {s['grad_norm_ratio'] / (2 / ga):.3f}"
+                           for r in norm_rows.itertuples(index=False) for s in _steps(r)[:1])
+    gates = [gate("bug_present", bug, f"every GA {ga} row keeps exactly micro-batches 0 and N-1 of each rank"
+                  if bug else "some row does not show the [1, 0, ..., 0, 1] pattern: reported and full norm coincide"),
+             gate("clip_discriminates", discriminates, "clip coefficients of the kept vs the full gradient: "
+                  + ", ".join(f"{p:.3f} vs {f:.3f}" for _, p, f in coefs))]
+    norm = exact(max(abs(x - 1) for x in ratios), n=len(norm_rows), sources=src,
+                 detail=f"reported / ||g0 + g(N-1)|| per row and step: {', '.join(f'{x:.5f}' for x in ratios)}")
+    clip = exact(max(abs(a - p) for a, p, _ in coefs), n=len(clip_rows), sources=src,
+                 detail="clip applied vs min(1, threshold / ||g0 + g(N-1)||) vs the full gradient's: "
+                 + ", ".join(f"{a:.4f} / {p:.4f} / {f:.4f}" for a, p, f in coefs))
+    return with_parts({"norm": norm, "clip": clip}, gates=gates, sources=src,
+                      detail=f"GA {ga}; reported/true over 2/N on the probe's data (alignment, not DeepSpeed): "
+                      f"{two_over_n}")
 
 
 def a4(summ: pd.DataFrame, run_dirs: Sequence[str] = (), tables: Sequence[str] = ()) -> dict:

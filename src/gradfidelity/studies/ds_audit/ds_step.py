@@ -1,18 +1,22 @@
-"""One probe step through the real `deepspeed.initialize` (CPU accelerator, gloo).
+"""Probe steps through the real `deepspeed.initialize` (CPU accelerator, gloo).
 
 Why a client optimizer: SGD(lr=1) makes the parameter delta equal to the applied gradient. DeepSpeed replaces a
 client optimizer by DeepSpeedCPUAdam under offload unless `zero_force_ds_cpu_optimizer` is false, and refuses an
 optimizer it has not tested under ZeRO unless `zero_allow_untested_optimizer` is true. The bug sits in
 the ZeRO wrapper's gradient buffers, not in the inner optimizer, so SGD sees exactly what Adam would.
 
-Each micro-step does `engine(x, k)`, `engine.backward(loss)` (backward_calls times: >1 is the PR #7981 case, with
-`engine.set_gradient_accumulation_boundary(False)` before every backward but the last, the documented way, #7665, to
-accumulate several backward() calls into one step with GA 1) and `engine.step()`; DeepSpeed steps the optimizer
-at the accumulation boundary, once. The step runs under
+Each micro-step does `engine(x, k)`, `engine.backward(loss)` (backward_calls times: >1 is the multi-backward pattern
+with GA 1; `boundary="manual"` calls `engine.set_gradient_accumulation_boundary(False)` before every backward but the
+last, the documented way, #7665, the PR #7981 case; `boundary="none"` does not, the pattern open-instruct fixed in
+its PR #1498) and `engine.step()`; DeepSpeed steps the optimizer at the accumulation boundary, once. `steps`
+optimizer steps run one after the other, each analysed on its own slots (probe.py). The step runs under
 `torch.no_grad()`: with several ranks, torch 2.13's gloo `all_gather_single` writes the updated partitions into
 views produced by `split` and autograd refuses that in grad mode ("Output 0 of Split is a view and is being modified
 inplace", the failure an unguarded two-rank step hits). An optimizer step is never differentiated, so no_grad
 changes nothing else; the gradients were accumulated before, during backward().
+
+`clip=None` leaves `gradient_clipping` out of the config, so the version's own default applies (0 in 0.18.9, 1.0 in
+0.19.x, docs/sources.md); the threshold the engine actually uses is read back from it (`engine.gradient_clipping()`).
 """
 
 from __future__ import annotations
@@ -25,10 +29,11 @@ import torch
 
 from gradfidelity.studies.ds_audit.probe import (
     DTYPES,
+    TOLERANCE,
     ProbeResult,
     ProbeSpec,
     TaggedRegression,
-    analyse,
+    analyse_step,
     loss_fn,
     micro_batch,
     reference,
@@ -45,18 +50,24 @@ class DSCase:
     dtype: str  # "fp32" | "bf16"
     backward_calls: int = 1
     micro_batch: int = 2
-    clip: float = 0.0
+    clip: float | None = 0.0  # gradient_clipping; None = left out of the config (the version's default applies)
     zero_extra: tuple = ()  # extra zero_optimization items from a user config, as sorted (key, value) pairs
+    steps: int = 1  # consecutive optimizer steps
+    boundary: str = "manual"  # multi-backward only: "manual" (set_gradient_accumulation_boundary) | "none"
+    target_norm: float = 0.25  # faithful gradient norm per step (below every threshold, or 2x it: the clip case)
 
     def spec(self, world: int) -> ProbeSpec:
-        return ProbeSpec(
-            ga=self.ga,
-            world=world,
-            backward_calls=self.backward_calls,
-            micro_batch=self.micro_batch,
-            dtype=self.dtype,
-            clip=self.clip,
-        )
+        return ProbeSpec(ga=self.ga, world=world, backward_calls=self.backward_calls, micro_batch=self.micro_batch,
+                         dtype=self.dtype, steps=self.steps, target_norm=self.target_norm)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DSCase:
+        return cls(**{**d, "zero_extra": tuple(tuple(x) for x in d.get("zero_extra", ()))})
+
+    @property
+    def contiguous_gradients(self) -> bool:
+        """What DeepSpeed uses: the config value (default true), forced on by optimizer offload (stage_1_and_2.py)."""
+        return bool(dict(self.zero_extra).get("contiguous_gradients", True)) or self.offload != "none"
 
     def ds_config(self, world: int) -> dict:
         zero = dict(self.zero_extra)
@@ -65,18 +76,20 @@ class DSCase:
             zero.pop("offload_optimizer", None)
         else:
             zero["offload_optimizer"] = {**zero.get("offload_optimizer", {}), "device": self.offload}
-        return {
+        out = {
             "train_micro_batch_size_per_gpu": self.micro_batch,
             "gradient_accumulation_steps": self.ga,
             "train_batch_size": self.micro_batch * self.ga * world,
             "zero_optimization": zero,
             "bf16": {"enabled": self.dtype == "bf16"},
-            "gradient_clipping": self.clip,
             "zero_allow_untested_optimizer": True,
             "zero_force_ds_cpu_optimizer": False,
             "steps_per_print": 1 << 30,
             "wall_clock_breakdown": False,
         }
+        if self.clip is not None:
+            out["gradient_clipping"] = self.clip
+        return out
 
 
 def init_distributed() -> tuple[int, int]:
@@ -104,8 +117,21 @@ def _full_params(engine, model: TaggedRegression) -> torch.Tensor:
     return torch.cat(out)
 
 
+def cpu_reduce_buckets_work() -> bool:
+    """Whether this DeepSpeed's non-contiguous gradient reduction sees CPU tensors at all.
+
+    0.18.9's `split_half_float_double` (stage_1_and_2.py) keeps tensors whose `type()` equals
+    "torch.<accelerator device>.FloatTensor"; with the CPU accelerator that reads "torch.cpu.FloatTensor", which no
+    CPU tensor's type() ("torch.FloatTensor") equals, so `buffered_reduce_fallback` (contiguous_gradients false)
+    all-reduces nothing on CPU. On a GPU the strings match. 0.19.8 compares dtypes. Asked of the real function."""
+    from deepspeed.runtime.zero import stage_1_and_2
+
+    fn = getattr(stage_1_and_2, "split_half_float_double", None)
+    return True if fn is None else bool(fn([torch.zeros(1)]))
+
+
 def run_case(case: DSCase) -> ProbeResult:
-    """One optimizer step of the probe under DeepSpeed on this rank; every rank gets the same result."""
+    """`case.steps` optimizer steps of the probe under DeepSpeed on this rank; every rank gets the same result."""
     import deepspeed
 
     rank, world = init_distributed()
@@ -116,23 +142,27 @@ def run_case(case: DSCase) -> ProbeResult:
     opt = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.0, weight_decay=0.0)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=case.ds_config(world))
     try:
-        before = _full_params(engine, model)
-        for m in range(spec.ga):
-            for call in range(spec.backward_calls):
-                if spec.backward_calls > 1:  # the documented multi-backward API (#7665): boundary on the last only
-                    engine.set_gradient_accumulation_boundary(call == spec.backward_calls - 1)
-                k = spec.slot(rank, m, call)
-                x, y = micro_batch(spec, k, ref.y_scale)
-                loss = loss_fn(engine(x.to(DTYPES[spec.dtype]), k), y)
-                engine.backward(loss)
-            with torch.no_grad():  # see the module docstring: gloo all_gather into split views under grad mode
-                engine.step()
-        steps = engine.global_steps
-        norm = engine.get_global_grad_norm()
-        norm = None if norm is None else float(norm)
-        after = _full_params(engine, model)
-        result = analyse(spec, ref, before, after, norm)
-        result.extra = {"optimizer_steps": int(steps), "deepspeed": deepspeed.__version__}
+        clip = float(engine.gradient_clipping() or 0.0)
+        steps = []
+        for s in range(spec.steps):
+            before = _full_params(engine, model)
+            for m in range(spec.ga):
+                for call in range(spec.backward_calls):
+                    if spec.backward_calls > 1 and case.boundary == "manual":  # the documented API (#7665)
+                        engine.set_gradient_accumulation_boundary(call == spec.backward_calls - 1)
+                    k = spec.slot(rank, m, call, s)
+                    x, y = micro_batch(spec, k, ref.y_scale)
+                    loss = loss_fn(engine(x.to(DTYPES[spec.dtype]), k), y)
+                    engine.backward(loss)
+                with torch.no_grad():  # see the module docstring: gloo all_gather into split views under grad mode
+                    engine.step()
+            norm = engine.get_global_grad_norm()
+            norm = None if norm is None else float(norm)
+            steps.append(analyse_step(spec, ref, s, before, _full_params(engine, model), norm, clip))
+        result = ProbeResult(per_step=steps, tolerance=TOLERANCE[spec.dtype], slots_per_rank=spec.slots_per_rank,
+                             world=world, clip=clip)
+        result.extra = {"optimizer_steps": int(engine.global_steps), "deepspeed": deepspeed.__version__,
+                        "cpu_reduce_buckets_work": cpu_reduce_buckets_work()}
         return result
     finally:
         if hasattr(engine, "destroy"):

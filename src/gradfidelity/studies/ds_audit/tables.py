@@ -15,7 +15,7 @@ import pandas as pd
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
 from gradfidelity.tables import markdown
 
-MATRIX_ORDER = ["deepspeed", "ranks", "backward_calls", "zero_stage", "offload", "ga", "dtype"]
+MATRIX_ORDER = ["deepspeed", "ranks", "clip_mode", "backward_calls", "boundary", "zero_stage", "offload", "ga", "dtype"]
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -28,17 +28,23 @@ def _md_table(df: pd.DataFrame) -> str:
 
 def write_matrix_table(rows: list[dict], csv: Path, md: Path) -> pd.DataFrame:
     df = pd.DataFrame(rows).sort_values(MATRIX_ORDER, kind="stable").reset_index(drop=True)
-    atomic_write_csv(df, csv)
-    shown = ["deepspeed", "ranks", "zero_stage", "offload", "ga", "backward_calls", "dtype", "status",
-             "contributions", "grad_norm_ratio", "max_param_dev", "predicted", "agrees_with_prediction", "error"]
+    atomic_write_csv(df.drop(columns=["result"], errors="ignore"), csv)
+    shown = ["deepspeed", "ranks", "zero_stage", "offload", "ga", "backward_calls", "boundary", "clip_mode", "dtype",
+             "status", "contributions", "clip_used", "clip_applied", "clip_full", "reported_over_kept", "predicted",
+             "agrees_with_prediction", "error"]
     ok = df[df.status == "ok"]
     lines = [
         "# DeepSpeed fault matrix: which micro-batches reach the optimizer",
         "",
-        "One optimizer step per row through the real `deepspeed.initialize` (CPU accelerator, gloo), SGD(lr=1) as a "
-        "client optimizer, a probe model where micro-batch k alone touches parameter tag[k]. `contributions` is "
-        "the least-squares weight of each micro-batch (all ranks, rank-major) in the applied gradient: 1 = counted "
-        "once, 0 = lost. `grad_norm_ratio` = norm DeepSpeed reports / true norm. `predicted` is the vector the "
+        "Several consecutive optimizer steps per row through the real `deepspeed.initialize` (CPU accelerator, gloo), "
+        "SGD(lr=1) as a client optimizer, a probe model where micro-batch k alone touches parameter tag[k]. "
+        "`contributions` is, per step (separated by |), the least-squares weight of each micro-batch (all ranks, "
+        "rank-major) in the applied gradient: 1 = counted once, 0 = lost. `clip_mode`: off (clipping 0), active "
+        "(threshold 1.0, faithful norm 2.0), silent (no gradient_clipping key: the version's default, `clip_used`). "
+        "`clip_applied` = applied norm / norm of the kept micro-batches; `clip_full` = the coefficient the full "
+        "gradient would give; `reported_over_kept` = reported norm / norm of the kept micro-batches. `boundary` "
+        "(several backward() per step): manual = set_gradient_accumulation_boundary, none = not called. "
+        "`predicted` is the vector the "
         "paper's bug description (docs/sources.md, Study A) predicts for the row; `agrees_with_prediction` says yes, "
         "NO, open (the description leaves the row open) or error (the row did not run; the error text is kept).",
         "",
@@ -70,7 +76,7 @@ def plot_matrix(df: pd.DataFrame, png: Path) -> None:
     from gradfidelity.plots import new_figure, save_figure, style_axes
 
     versions = list(dict.fromkeys(df.deepspeed))
-    width = int(max((len(s.split()) for s in df.contributions_raw if s), default=1))
+    width = int(max((len(s.split("|")[0].split()) for s in df.contributions_raw if s), default=1))
     fig, axes = new_figure(ncols=len(versions), width=4.2, height=max(3.0, 0.075 * len(df) / len(versions) + 1.0))
     cmap = ListedColormap(plt_colors()).with_extremes(bad="#d9d9d9")
     for ax, v in zip(axes[0], versions, strict=True):
@@ -79,11 +85,12 @@ def plot_matrix(df: pd.DataFrame, png: Path) -> None:
         labels = []
         for i, r in enumerate(sub.itertuples(index=False)):
             if r.status == "ok":
-                c = [float(x) for x in r.contributions_raw.split()]
+                c = [float(x) for x in r.contributions_raw.split("|")[0].split()]
                 grid[i, : len(c)] = c
             else:
                 grid[i, :] = -1.0  # error rows: black
-            mbk = f" x{r.backward_calls}bw" if r.backward_calls > 1 else ""
+            mbk = f" x{r.backward_calls}bw-{r.boundary}" if r.backward_calls > 1 else ""
+            mbk += f" clip-{r.clip_mode}" if r.clip_mode != "off" else ""
             labels.append(f"r{r.ranks} z{r.zero_stage} {r.offload:>4} ga{r.ga}{mbk} {r.dtype}"
                           + ("" if r.agrees_with_prediction in ("yes", "open") else f" [{r.agrees_with_prediction}]"))
         im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=-1.0, vmax=1.2,
@@ -95,7 +102,7 @@ def plot_matrix(df: pd.DataFrame, png: Path) -> None:
         ax.grid(False)
         style_axes(ax, title=f"DeepSpeed {v}", xlabel="micro-batch slot (rank-major)")
     fig.colorbar(im, ax=axes[0][-1], fraction=0.04, label="contribution (black: error)")
-    save_figure(fig, png, caption="Contribution of each micro-batch to the one optimizer step DeepSpeed took "
+    save_figure(fig, png, caption="Contribution of each micro-batch to the first optimizer step DeepSpeed took "
                 "(1 = counted once, 0 = dropped); grey = slot absent for that GA.")
 
 

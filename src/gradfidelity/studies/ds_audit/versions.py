@@ -17,13 +17,6 @@ from gradfidelity.harness.extensions import extensions_dir
 OVERLAYS = {"0.18.9": ("GRADFIDELITY_DS0189", ".venv-ds0189")}
 
 
-def installed_version() -> str:
-    """Version of the deepspeed that `import deepspeed` would give in this process (overlay included)."""
-    import deepspeed
-
-    return deepspeed.__version__
-
-
 def base_version() -> str:
     """Version installed in the environment's own site-packages (ignores any overlay on PYTHONPATH)."""
     dists = list(metadata.distributions(name="deepspeed", path=[sysconfig.get_paths()["purelib"]]))

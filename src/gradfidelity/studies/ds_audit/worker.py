@@ -62,7 +62,7 @@ def rank_main(jobs_path: str, events_prefix: str, start: int) -> int:
     from gradfidelity.studies.ds_audit.ds_step import run_case
 
     raw = json.loads(Path(jobs_path).read_text())
-    cases = [DSCase(**{**c, "zero_extra": tuple(map(tuple, c["zero_extra"]))}) for c in raw]
+    cases = [DSCase.from_dict(c) for c in raw]
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, timeout=timedelta(seconds=GLOO_TIMEOUT_S))
@@ -82,8 +82,6 @@ def rank_main(jobs_path: str, events_prefix: str, start: int) -> int:
                 dist.all_gather_object(states, (i, ok))
                 if any(s != (i, ok) for s in states):
                     return 3  # ranks disagree: the group is no longer trustworthy; the driver restarts it
-            elif not ok:
-                continue
     return 0
 
 

@@ -6,8 +6,10 @@
 2. BP (our model + methods code) vs a plain nanoGPT-style loop of the same shape written independently below
    (nn.Linear/LayerNorm/SDPA, AdamW, clip): our per-step time must be no worse. Rounds alternate between the two
    (and the matmul probe) so that machine-load drift hits both; medians are reported.
-3. Peak process-tree PSS of async RGC / BP at the bench width, each run in a fresh forked child of this (still
-   small) process, so neither inherits the other's heap.
+3. Peak process-tree PSS of async RGC / BP at the bench width, each run in a fresh (spawned) process of its own, so
+   neither inherits the other's heap, sampled over that process's tree only: this bench process, which holds
+   neither model, is not counted (round 1 counted it on both sides of the ratio, pulling it toward 1). The PSS of
+   an idle spawned interpreter (torch and this module imported, nothing built) is reported beside them.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ def _timed_steps(step, k: int) -> float:
 
 
 def _pss_child(which: str, t: TrainConfig, width: int, data: torch.Tensor, steps: int) -> None:
+    data = torch.from_numpy(data)
+    if which == "idle":
+        time.sleep(1.0)  # a few samples of the interpreter alone
+        return
     model = build_model(t.model(width), 0)
     offsets = batch_offsets(len(data), t.block_size, t.batch_size, steps, 0)
     if which == "bp":
@@ -99,10 +105,10 @@ def _pss_child(which: str, t: TrainConfig, width: int, data: torch.Tensor, steps
 
 
 def _pss_of(which: str, t: TrainConfig, width: int, data: torch.Tensor, steps: int) -> float:
-    ctx = mp.get_context("fork")
-    p = ctx.Process(target=_pss_child, args=(which, t, width, data, steps))
-    with PeakPSS(interval=0.02) as mem:  # this process + the child (+ its stage processes)
-        p.start()
+    ctx = mp.get_context("spawn")
+    p = ctx.Process(target=_pss_child, args=(which, t, width, data.numpy(), steps))
+    p.start()
+    with PeakPSS(pid=p.pid, interval=0.02) as mem:  # the child and its descendants (stages, forkserver), not us
         p.join()
     if p.exitcode != 0:
         raise RuntimeError(f"PSS probe {which} exited with code {p.exitcode}")
@@ -118,6 +124,7 @@ def run_bench(s: LocalSettings, out: Path) -> dict:
     data = torch.frombuffer(bytearray(embedded_enwik8(max(200_000, 40 * b["batch_size"] * b["block_size"]))),
                             dtype=torch.uint8)
     # 3. memory first, while this process is small
+    pss_idle = _pss_of("idle", t, b["width"], data, b["pss_steps"])
     pss_bp = _pss_of("bp", t, b["width"], data, b["pss_steps"])
     pss_rgc = _pss_of("rgc_async", t, b["width"], data, b["pss_steps"])
     torch.set_num_threads(b["threads"])
@@ -164,12 +171,13 @@ def run_bench(s: LocalSettings, out: Path) -> dict:
         "bp_model_gflops": ours_gflops, "plain_model_gflops": plain_gflops,
         "bp_mfu_vs_matmul": ours_gflops / rate, "plain_mfu_vs_matmul": plain_gflops / rate,
         "bp_speed_vs_plain": statistics.median(t_plain) / statistics.median(t_ours),
-        "pss_bp_gib": pss_bp, "pss_rgc_async_gib": pss_rgc, "pss_ratio_rgc_async_over_bp": pss_rgc / pss_bp,
+        "pss_idle_gib": pss_idle, "pss_bp_gib": pss_bp, "pss_rgc_async_gib": pss_rgc,
+        "pss_ratio_rgc_async_over_bp": pss_rgc / pss_bp,
         "async_processes": t.n_stages, "threads_per_stage": t.threads_per_stage, "bp_threads_pss": t.bp_threads,
-        "targets": {"bp_mfu_vs_matmul": ">= 0.60", "bp_speed_vs_plain": ">= 1 (no slower; noise ~5%)",
+        "targets": {"bp_mfu_vs_matmul": ">= 0.70", "bp_speed_vs_plain": ">= 1 (no slower; noise ~5%)",
                     "pss_ratio_rgc_async_over_bp": "<= 1.5"},
     }
-    res["meets"] = {"mfu": res["bp_mfu_vs_matmul"] >= 0.60, "no_slower_than_plain": res["bp_speed_vs_plain"] >= 0.95,
+    res["meets"] = {"mfu": res["bp_mfu_vs_matmul"] >= 0.70, "no_slower_than_plain": res["bp_speed_vs_plain"] >= 0.95,
                     "pss": res["pss_ratio_rgc_async_over_bp"] <= 1.5}
     atomic_write_json(out, res)
     print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items() if k not in ("settings",)})

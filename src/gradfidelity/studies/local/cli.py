@@ -29,8 +29,20 @@ def _data(args) -> int:
     return 0
 
 
+def _corpus(args) -> int:
+    from gradfidelity.studies.local.data import concat_tree
+
+    digest = concat_tree(Path(args.root), args.suffix, Path(args.out))
+    if args.md5 and digest != args.md5:
+        Path(args.out).unlink()
+        raise UserError(f"{args.out}: MD5 {digest}, expected {args.md5} (another release of the package under "
+                        f"{args.root}? see docs/sources.md, Study C)")
+    print(f"{args.out}: MD5 {digest}")
+    return 0
+
+
 def _cell(args) -> int:
-    from gradfidelity.studies.local.runner import run_cell
+    from gradfidelity.studies.local.cell import run_cell
     from gradfidelity.studies.local.settings import METHODS
 
     cfg, s = _settings(args)
@@ -38,19 +50,48 @@ def _cell(args) -> int:
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise UserError(f"--methods: unknown {bad} (allowed: {list(METHODS)})")
-    if not (Path(args.data) / "train.bin").exists():
-        raise UserError(f"{args.data}/train.bin does not exist")
-    run_cell(methods, s, cfg, args.corpus, args.width, args.seed, Path(args.data), Path(args.root))
+    for name in ("train.bin", "val.bin", "meta.json"):
+        if not (Path(args.data) / name).exists():
+            raise UserError(f"{args.data}/{name} does not exist (prepare the corpus with the local_data rule)")
+    run_cell(methods, cfg, args.corpus, args.width, args.seed, Path(args.data), Path(args.root))
     return 0
 
 
-def _report(args) -> int:
-    from gradfidelity.studies.local.analysis import report
+def _aggregate(args) -> int:
+    from gradfidelity.studies.local.aggregate import write_aggregate
+
+    write_aggregate(args.runs, args.scale, Path(args.out))
+    return 0
+
+
+def _tables(args) -> int:
+    from gradfidelity.studies.local.aggregate import read_aggregate
+    from gradfidelity.studies.local.tables import write_tables
 
     cfg, s = _settings(args)
-    out = {k: Path(getattr(args, k)) for k in ("aggregate", "main_csv", "main_md", "mech_csv", "mech_md",
-                                                 "frontier", "scaling", "evidence")}
-    report(args.runs, s, args.scale, out)
+    out = {"aggregate": Path(args.aggregate), **{k: Path(getattr(args, k)) for k in (
+        "main_csv", "main_md", "mech_csv", "mech_md")}}
+    write_tables(read_aggregate(args.aggregate), s, out)
+    return 0
+
+
+def _figures(args) -> int:
+    from gradfidelity.studies.local.aggregate import read_aggregate
+    from gradfidelity.studies.local.figures import write_figures
+
+    cfg, s = _settings(args)
+    write_figures(read_aggregate(args.aggregate), s, Path(args.frontier), Path(args.scaling))
+    return 0
+
+
+def _claims(args) -> int:
+    from gradfidelity.harness.io import atomic_write_json
+    from gradfidelity.studies.local.aggregate import read_aggregate
+    from gradfidelity.studies.local.claims import claims
+
+    cfg, s = _settings(args)
+    tables = {"aggregate": args.aggregate, "main": args.main_csv, "mechanism": args.mech_csv}
+    atomic_write_json(Path(args.out), claims(read_aggregate(args.aggregate), s, args.scale, tables))
     return 0
 
 
@@ -63,11 +104,18 @@ def _bench(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("local-data", help="study C: prepare a byte corpus (embedded, download or local copy)")
+    p = sub.add_parser("local-data", help="study C: prepare a byte corpus (embedded, download, path or file)")
     p.add_argument("--cfg", required=True, help="JSON of the local.corpora section")
     p.add_argument("--corpus", required=True, choices=["enwik8", "tinystories"])
     p.add_argument("--out", required=True)
     p.set_defaults(func=_data)
+
+    p = sub.add_parser("local-corpus", help="study C: join a text tree (e.g. python3.11-doc's sources) into one file")
+    p.add_argument("--root", required=True)
+    p.add_argument("--suffix", required=True)
+    p.add_argument("--md5", default="")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_corpus)
 
     p = sub.add_parser("local-cell", help="study C: BP, thread-matched BP and methods on one paired seed")
     p.add_argument("--cfg", required=True)
@@ -79,13 +127,30 @@ def register(sub) -> None:
     p.add_argument("--root", required=True, help="results/local")
     p.set_defaults(func=_cell)
 
-    p = sub.add_parser("local-report", help="study C: aggregate, statistics, tables, figures, claim evidence")
-    p.add_argument("--cfg", required=True)
+    p = sub.add_parser("local-aggregate", help="study C: run directories -> one tidy CSV")
     p.add_argument("--scale", required=True)
     p.add_argument("--runs", nargs="+", required=True)
-    for k in ("aggregate", "main-csv", "main-md", "mech-csv", "mech-md", "frontier", "scaling", "evidence"):
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_aggregate)
+
+    p = sub.add_parser("local-tables", help="study C: tidy CSV -> main and mechanism tables")
+    p.add_argument("--cfg", required=True)
+    for k in ("aggregate", "main-csv", "main-md", "mech-csv", "mech-md"):
         p.add_argument(f"--{k}", required=True)
-    p.set_defaults(func=_report)
+    p.set_defaults(func=_tables)
+
+    p = sub.add_parser("local-figures", help="study C: tidy CSV -> frontier and width figures")
+    p.add_argument("--cfg", required=True)
+    for k in ("aggregate", "frontier", "scaling"):
+        p.add_argument(f"--{k}", required=True)
+    p.set_defaults(func=_figures)
+
+    p = sub.add_parser("local-claims", help="study C: tidy CSV -> claim evidence")
+    p.add_argument("--cfg", required=True)
+    p.add_argument("--scale", required=True)
+    for k in ("aggregate", "main-csv", "mech-csv", "out"):
+        p.add_argument(f"--{k}", required=True)
+    p.set_defaults(func=_claims)
 
     p = sub.add_parser("local-bench", help="study C: MFU vs matmul rate, vs a plain nanoGPT loop; PSS ratio")
     p.add_argument("--cfg", required=True)

@@ -22,7 +22,6 @@ import random
 import shutil
 import urllib.request
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ import torch
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json
+from gradfidelity.studies.local.settings import CorpusConfig  # noqa: F401 - re-exported: data's config
 
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
 ENWIK8_SIZE = 100_000_000
@@ -39,17 +39,6 @@ TINYSTORIES_BASE = "https://huggingface.co/datasets/roneneldan/TinyStories/resol
 TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
 EOT = "<|endoftext|>"
 SPLITS = ("train", "val", "test")
-
-
-@dataclass(frozen=True)
-class CorpusConfig:
-    """`source`: embedded (generated here), download (canonical URL), or path (a local copy of the real file:
-    enwik8 or enwik8.zip for enwik8; a folder holding the two TinyStoriesV2-GPT4 files for tinystories)."""
-
-    source: str = "embedded"
-    path: str = ""
-    embedded_bytes: int = 4_000_000
-    widths: tuple[int, ...] = ()  # widths this corpus is trained at; empty = all of local.widths
 
 
 # ----------------------------------------------------------------------------------------------- utilities
@@ -254,9 +243,52 @@ def prepare_embedded(corpus: str, out: Path, n_bytes: int) -> None:
                   {"corpus": corpus, "source": "embedded", "md5": hashlib.md5(blob).hexdigest()})
 
 
+def prepare_file(corpus: str, path: Path, out: Path, split: tuple[float, ...] = (0.9, 0.05, 0.05),
+                 md5: str = "") -> None:
+    """Any byte file -> contiguous train/val/test splits by the fractions in `split` (enwik8's own 90/5/5 layout
+    by default). The file's MD5 goes into meta.json (and must equal `md5` when given)."""
+    if not path.is_file():
+        raise UserError(f"local.corpora.{corpus}.path: {path} is not a file")
+    if len(split) != 3 or any(f <= 0 for f in split) or abs(sum(split) - 1.0) > 1e-9:
+        raise UserError(f"local.corpora.{corpus}.split={list(split)}: three positive fractions that sum to 1")
+    digest = md5_of(path)
+    if md5 and digest != md5.lower():
+        raise UserError(f"{path}: MD5 {digest}, expected {md5} (local.corpora.{corpus}.md5)")
+    blob = path.read_bytes()
+    a = int(split[0] * len(blob))
+    b = a + int(split[1] * len(blob))
+    parts = {"train": blob[:a], "val": blob[a:b], "test": blob[b:]}
+    for name, part in parts.items():
+        if len(part) < 2048:
+            raise UserError(f"{path}: the {name} split has {len(part)} bytes (file of {len(blob)} bytes, split "
+                            f"{list(split)}): too small to train or evaluate on")
+    _write_splits(out, parts, {"corpus": corpus, "source": f"file:{path.name}", "md5": digest, "file": str(path),
+                               "file_bytes": len(blob), "split": list(split)})
+
+
+def concat_tree(root: Path, suffix: str, out: Path) -> str:
+    """Every file under `root` whose name ends with `suffix`, in sorted relative-path order, joined by one newline
+    into `out` (written atomically); returns its MD5. Builds a one-file corpus from a text tree such as the
+    Python documentation sources of Debian's python3.11-doc (docs/sources.md, "Study C")."""
+    if not root.is_dir():
+        raise UserError(f"{root} is not a folder (for the cpu scale's corpus: apt-get install python3.11-doc)")
+    files = sorted(p for p in root.rglob(f"*{suffix}") if p.is_file())
+    if not files:
+        raise UserError(f"{root} holds no *{suffix} file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".part")
+    with open(tmp, "wb") as f:
+        for p in files:
+            f.write(p.read_bytes().rstrip(b"\n") + b"\n")
+    tmp.replace(out)
+    return md5_of(out)
+
+
 def prepare(corpus: str, cfg: CorpusConfig, out: Path) -> None:
     """The one entry point the CLI calls."""
-    if cfg.source == "embedded":
+    if cfg.source == "file":
+        prepare_file(corpus, Path(cfg.path), out, tuple(cfg.split), cfg.md5)
+    elif cfg.source == "embedded":
         prepare_embedded(corpus, out, cfg.embedded_bytes)
     elif corpus == "enwik8":
         prepare_enwik8(out, local=Path(cfg.path) if cfg.source == "path" else None)

@@ -10,8 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from gradfidelity.errors import UserError
-from gradfidelity.studies.local.data import CorpusConfig
-from gradfidelity.studies.local.model import ModelConfig
+
+# torch-free on purpose: the job process of a cell (cell.py) parses the settings and only supervises; each method
+# imports torch in its own fresh process.
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """`source`: embedded (generated here), download (canonical URL), path (a local copy of the real file:
+    enwik8 or enwik8.zip for enwik8; a folder holding the two TinyStoriesV2-GPT4 files for tinystories), or file
+    (any byte file, e.g. the user's own text: split contiguously by `split`, its MD5 recorded in meta.json and
+    checked against `md5` when that is given)."""
+
+    source: str = "embedded"
+    path: str = ""
+    embedded_bytes: int = 4_000_000
+    widths: tuple[int, ...] = ()  # widths this corpus is trained at; empty = all of local.widths
+    seeds: int = 0  # paired seeds on this corpus; 0 = local.seeds
+    split: tuple[float, ...] = (0.9, 0.05, 0.05)  # source file: train/val/test fractions of the bytes, in order
+    md5: str = ""  # source file: the expected MD5 of the file (empty = record it without checking)
 
 SERIAL_LOCAL = ("live_local", "broadcast_serial", "rgc_serial")
 ASYNC = ("broadcast_async", "rgc_async")
@@ -37,6 +54,7 @@ class TrainConfig:
     snapshot_every: int = 1  # the last stage publishes a readout snapshot every k updates
     ring_slots: int = 2  # activation slots per stage boundary
     threads_per_stage: int = 1
+    stall_timeout_s: float = 600.0  # an async stage whose step counter has not moved this long stops the run
     bp_threads: int = 1
     eval_batches: int = 16
     loss_every: int = 10
@@ -46,7 +64,9 @@ class TrainConfig:
     # 1 at width 64); PASSIVE makes waiting threads sleep. "" = the library default. Same for every method.
     omp_wait_policy: str = ""
 
-    def model(self, width: int) -> ModelConfig:
+    def model(self, width: int):
+        from gradfidelity.studies.local.model import ModelConfig
+
         return ModelConfig(n_layer=self.n_layer, d_model=width, n_head=self.n_head, block_size=self.block_size)
 
     @property
@@ -116,10 +136,10 @@ def parse(cfg: dict) -> LocalSettings:
         if c not in CORPORA:
             raise UserError(f"local.corpora.{c}: unknown corpus (allowed: {list(CORPORA)})")
     for c, cc in s.corpora.items():
-        if cc.source not in ("embedded", "download", "path"):
-            raise UserError(f"local.corpora.{c}.source={cc.source!r} (allowed: embedded, download, path)")
-        if cc.source == "path" and not cc.path:
-            raise UserError(f"local.corpora.{c}.path is empty but source is 'path'")
+        if cc.source not in ("embedded", "download", "path", "file"):
+            raise UserError(f"local.corpora.{c}.source={cc.source!r} (allowed: embedded, download, path, file)")
+        if cc.source in ("path", "file") and not cc.path:
+            raise UserError(f"local.corpora.{c}.path is empty but source is {cc.source!r}")
     if t.readout_lag < 0 or t.snapshot_every < 1 or t.ring_slots < 1:
         raise UserError("local.train: readout_lag >= 0, snapshot_every >= 1, ring_slots >= 1 required")
     if s.seeds < 1:

@@ -45,6 +45,7 @@ from gradfidelity.studies.sft_rl.task import EVAL_SETS, make_split
 from gradfidelity.tables import write_table
 
 ACC = [f"acc_{s}" for s in EVAL_SETS] + ["acc_macro"]
+NLL = ["nll_id", "nll_macro"]  # secondary endpoint: held-out teacher-forced NLL of the demonstrations (nats/token)
 ABLATION = [("both", "no (0.18.9)", "no (per-micro-batch)"), ("agg_bug", "yes (0.19.8)", "no (per-micro-batch)"),
             ("ds_bug", "no (0.18.9)", "yes (global token mean)"), ("fixed", "yes (0.19.8)", "yes (global token mean)")]
 MAIN_TABLE, ABLATION_TABLE = "sft_rl_main.csv", "sft_rl_bug_ablation.csv"
@@ -70,9 +71,9 @@ def _cell(rec: dict, method: str) -> dict:
     try:
         if method == "sft_then_rl_truncated":
             t = m["truncated"]
-            return {"status": "ok", **{k: float(t[k]) for k in ACC}, "flops": float(t["flops"]),
+            return {"status": "ok", **{k: float(t[k]) for k in ACC + NLL}, "flops": float(t["flops"]),
                     "rl_steps": t["rl_steps"]}
-        return {"status": "ok", **{k: float(m[k]) for k in ACC}, "flops": float(m["flops"]),
+        return {"status": "ok", **{k: float(m[k]) for k in ACC + NLL}, "flops": float(m["flops"]),
                 "reward_history": m.get("reward_history"), "loss_history": m.get("loss_history")}
     except KeyError as exc:
         raise UserError(f"{rec['path']}: metrics lack {exc} (needed by the {method} cell)") from None
@@ -161,7 +162,7 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
         ok = g[g.status == "ok"]
         row = {"model": model, "variant": variant, "method": method, "n_seeds": len(g),
                "n_diverged": int((g.status != "ok").sum()), "run_variant": Path(g.run.iloc[0]).parts[-3]}
-        for k in ACC + ["flops"]:
+        for k in ACC + NLL + ["flops"]:
             vals = ok[k].astype(float).to_numpy() if len(ok) else np.array([])
             row[f"{k}_mean"] = float(vals.mean()) if len(vals) else math.nan
             row[f"{k}_sd"] = float(vals.std(ddof=1)) if len(vals) > 1 else math.nan
@@ -177,6 +178,8 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path, baseline: 
     for k in ACC:
         md[k.replace("acc_", "")] = [_fmt(a, b, n, d) for a, b, n, d in
                                      zip(s[f"{k}_mean"], s[f"{k}_sd"], s.n_seeds, s.n_diverged, strict=True)]
+    md["nll_id"] = [_fmt(a, b, n, d, 3) for a, b, n, d in
+                    zip(s["nll_id_mean"], s["nll_id_sd"], s.n_seeds, s.n_diverged, strict=True)]
     md["PFLOPs"] = [f"diverged ({d}/{n})" if d >= n else f"{x / 1e15:.4g}"
                     for x, n, d in zip(s["flops_mean"], s.n_seeds, s.n_diverged, strict=True)]
     md = md.astype({"n_seeds": object, "n_diverged": object})
@@ -185,7 +188,7 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path, baseline: 
     else:
         const = [{"model": "(any)", "variant": "-", "method": CONSTANT, "n_seeds": "-", "n_diverged": "-",
                   "run_variant": "-", **{x: f"{baseline['sets'][x]['acc']:.1f}" for x in EVAL_SETS},
-                  "macro": f"{baseline['acc_macro']:.1f}", "PFLOPs": "0"}]
+                  "macro": f"{baseline['acc_macro']:.1f}", "nll_id": "-", "PFLOPs": "0"}]
         md = pd.concat([md, pd.DataFrame(const)], ignore_index=True)
         answers = ", ".join(f"{x} '{baseline['sets'][x]['answer']}'" for x in EVAL_SETS)
         base_note = (f"constant_answer: always the most frequent answer of each eval set ({answers}), the best any "
@@ -194,12 +197,15 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path, baseline: 
     notes = [
         "Accuracy in points (exact match, greedy decoding), mean ± sd over the seeds that finished; a cell with "
         "diverged seeds says how many ('diverged (k/n)' when none finished); macro = mean of id, long, ood.",
+        "nll_id: the secondary endpoint, teacher-forced NLL (nats/token) of the held-out `id` demonstrations "
+        "(solution + EOS given the prompt), mean ± sd over seeds: no sampling, so far less noisy than accuracy.",
         "`fixed`: deepspeed 0.19.8 + global token mean; `both`: deepspeed 0.18.9 (CPU-offload accumulation bug) + "
         "per-micro-batch token mean, applied to the stages in `bug_stages` "
         f"({', '.join(cfg.bug_stages)}); run_variant says which runs a cell reads (a cell whose stages all run "
         "fixed under `both` shares the fixed run).",
-        "PFLOPs: post-training compute, training 6 x params x tokens + generation 2 x params x tokens, SFT included "
-        "for SFT-then-RL; the base model's pretraining is common to all methods and not counted.",
+        "PFLOPs: post-training compute, training 6 x params x tokens + generation 2 x params x tokens, each "
+        "sequence counted once per forward it really gets (a demonstration once per prompt, every generated rollout "
+        "including LUFFY's replaced one), SFT included for SFT-then-RL; the shared pretraining is not counted.",
         f"sft_then_rl_truncated: the sft_then_rl run evaluated after {cfg.truncated_steps} of {cfg.rl.steps} RL "
         "steps (the paper's 50-step fraction).",
         base_note,
@@ -208,7 +214,7 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path, baseline: 
     return s
 
 
-def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path) -> pd.DataFrame:
+def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path, baseline: dict) -> pd.DataFrame:
     rows = []
     for model in summary.model.unique():
         sft = summary[(summary.model == model) & (summary.method == "sft")].set_index("variant")
@@ -224,13 +230,20 @@ def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, tables: Path) -> pd.
                          "sft_macro": _fmt(r.acc_macro_mean, r.acc_macro_sd, r.n_seeds, r.n_diverged),
                          "minus_fixed": "n/a (diverged)" if math.isnan(diff) else f"{diff:+.1f}",
                          **{k.replace("acc_", ""): _fmt(r[f"{k}_mean"], r[f"{k}_sd"], r.n_seeds, r.n_diverged)
-                            for k in ACC[:-1]}})
+                            for k in ACC[:-1]},
+                         "nll_id": _fmt(r.nll_id_mean, r.nll_id_sd, r.n_seeds, r.n_diverged, 3)})
+    if "error" not in baseline:
+        rows.append({"model": "(any)", "variant": CONSTANT, "optimizer_bug_fixed": "-", "aggregation_bug_fixed": "-",
+                     "n_seeds": "-", "n_diverged": "-", "sft_macro": f"{baseline['acc_macro']:.1f}",
+                     "minus_fixed": "-", **{x: f"{baseline['sets'][x]['acc']:.1f}" for x in EVAL_SETS},
+                     "nll_id": "-"})
     out = pd.DataFrame(rows)
     write_table(out, tables / ABLATION_TABLE, title="SFT score as each bug is fixed (sft_rl)", notes=[
         f"SFT with TRL SFTTrainer on DeepSpeed ZeRO-{cfg.deepspeed.zero_stage} + CPU optimizer offload, micro-batch "
         f"{cfg.sft.micro_batch_size}, GA {cfg.sft.grad_accum} (LUFFY's SFT recipe); macro accuracy in points, mean "
         "± sd over the seeds that finished (diverged seeds counted in n_diverged and in each cell); minus_fixed = "
-        "variant mean - fixed mean (the claims pair seeds instead)."])
+        "variant mean - fixed mean (the claims pair seeds instead); nll_id: teacher-forced NLL of the held-out `id` "
+        "demonstrations (nats/token); constant_answer: the best constant predictor of each eval set."])
     return out
 
 
@@ -305,20 +318,39 @@ def _difference(cid: str, a: Arm, b: Arm, what: str, *, gates, sources) -> dict:
                              sources=p.sources + sources, diverged=p.diverged)
 
 
-def _best_mixed(df: pd.DataFrame, cfg: StudyConfig, model: str, variant: str) -> tuple[Arm | None, str]:
-    """The mixed-policy method with the highest mean macro accuracy over its finished seeds (and the detail)."""
-    arms = [_arm(df, model, variant, m) for m in cfg.methods if m in plan.MIXED]
-    if not arms:
-        return None, "no mixed-policy method configured"
-    means = {a.label: float(np.mean(list(a.values.values()))) for a in arms if a.values}
-    dead = [f"{a.label} (all {len(a.runs)} seeds diverged)" for a in arms if not a.values]
-    if not means:
-        return None, "every mixed-policy run diverged: " + ", ".join(dead)
-    best = max(arms, key=lambda a: means.get(a.label, -math.inf))
-    detail = ("best mixed-policy method by mean macro accuracy: " + best.label + " (means: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in means.items()) + ")"
-              + (f"; not eligible: {', '.join(dead)}" if dead else ""))
-    return best, detail
+def _t_stat(rec: dict) -> float:
+    """mean / standard error of a paired-difference record, from its interval (inf for a zero-width one)."""
+    if rec["estimate"] is None:
+        return -math.inf
+    if rec.get("low") is None:
+        return -math.inf  # one pair: no interval, cannot be the deciding comparison
+    half = (rec["high"] - rec["low"]) / 2
+    if half <= 0:
+        return math.copysign(math.inf, rec["estimate"]) if rec["estimate"] else 0.0
+    return rec["estimate"] / half  # proportional to mean / se (same n and level for every method)
+
+
+def _holm(pvalues: dict[str, float]) -> dict[str, float]:
+    """Holm-adjusted p-values (step-down, monotone), keyed like the input."""
+    order = sorted(pvalues, key=pvalues.get)
+    k, out, running = len(order), {}, 0.0
+    for i, name in enumerate(order):
+        running = max(running, min(1.0, (k - i) * pvalues[name]))
+        out[name] = running
+    return out
+
+
+def _one_sided_p(rec: dict, n_pairs: int) -> float:
+    """One-sided p-value of 'difference > 0' from a t record (its interval gives the standard error)."""
+    from scipy import stats
+
+    if rec["estimate"] is None or rec.get("low") is None or n_pairs < 2:
+        return 1.0
+    half = (rec["high"] - rec["low"]) / 2
+    if half <= 0:
+        return 0.0 if rec["estimate"] > 0 else 1.0
+    se = half / stats.t.ppf(0.5 + rec["level"] / 2, n_pairs - 1)
+    return float(stats.t.sf(rec["estimate"] / se, n_pairs - 1))
 
 
 def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, tables: Path) -> dict:
@@ -333,17 +365,19 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
     vals["A5"] = _difference("A5", fixed, ds_bug, "SFT macro accuracy, fixed minus ds_bug", gates=gates,
                              sources=src_abl)
 
+    # A6: absolute effects, per seed |fixed - agg_bug| - |fixed - ds_bug| (a bug that helps is an effect too)
     if _missing(fixed, ds_bug, agg_bug):
         vals["A6"] = not_measured(_missing(fixed, ds_bug, agg_bug), gates=gates, sources=src_abl)
     else:
         p = _pair(fixed, ds_bug, agg_bug)
         f, d, a = p.values
-        detail = _join(f"per seed (fixed - agg_bug) - (fixed - ds_bug), paired over seeds {p.seeds}: "
-                       f"(fixed - agg_bug) {np.mean(f - a) if p.seeds else math.nan:+.2f}, "
-                       f"(fixed - ds_bug) {np.mean(f - d) if p.seeds else math.nan:+.2f}", p.note)
-        vals["A6"] = mean_ci((f - a) - (f - d), level_for("A6"), detail=detail, gates=gates,
+        detail = _join(f"per seed |fixed - agg_bug| - |fixed - ds_bug|, paired over seeds {p.seeds}: "
+                       f"mean (fixed - agg_bug) {np.mean(f - a) if p.seeds else math.nan:+.2f}, "
+                       f"mean (fixed - ds_bug) {np.mean(f - d) if p.seeds else math.nan:+.2f}", p.note)
+        vals["A6"] = mean_ci(np.abs(f - a) - np.abs(f - d), level_for("A6"), detail=detail, gates=gates,
                              sources=p.sources + src_abl, diverged=p.diverged)
 
+    mixed = [m for m in plan.MIXED if m in cfg.methods]
     # A7: SFT-then-RL against every mixed-policy method, one paired part each (the registry's parts)
     s_fixed = _arm(df, model, "fixed", "sft_then_rl")
     parts = {}
@@ -353,45 +387,75 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
         else:
             parts[f"vs_{m}"] = _difference("A7", s_fixed, _arm(df, model, "fixed", m),
                                            f"fixed: sft_then_rl minus {m}", gates=[], sources=main)
-    mixed_fixed = [_arm(df, model, "fixed", m) for m in plan.MIXED if m in cfg.methods]
+    mixed_fixed = [_arm(df, model, "fixed", m) for m in mixed]
     vals["A7"] = _with_parts(parts, weakest(parts)["detail"], gates, src_main, s_fixed, *mixed_fixed)
 
-    # A8: under both bugs, the best mixed-policy method minus SFT-then-RL, per seed
-    best, why = _best_mixed(df, cfg, model, "both")
+    # A8: under both bugs, some mixed-policy method ahead of SFT-then-RL: one paired difference per method at
+    # the registry's Holm level (its first step, alpha / 4, the four mixed methods); the method with the largest
+    # t statistic decides (some method's interval above 0 <=> its interval is; all below 0 <=> its is).
     s_both = _arm(df, model, "both", "sft_then_rl")
-    if best is None:
-        vals["A8"] = not_measured(why, gates=gates, sources=src_main)
+    mixed_both = {m: _arm(df, model, "both", m) for m in mixed}
+    if not mixed_both:
+        vals["A8"] = not_measured("no mixed-policy method configured", gates=gates, sources=src_main)
     else:
-        rec = _difference("A8", best, s_both, "both: best mixed minus sft_then_rl", gates=gates, sources=src_main)
-        vals["A8"] = dict(rec, detail=_join(rec["detail"], why))
+        recs = {m: _difference("A8", a, s_both, f"both: {m} minus sft_then_rl", gates=gates, sources=src_main)
+                for m, a in mixed_both.items()}
+        measured = {m: r for m, r in recs.items() if r["estimate"] is not None}
+        if not measured:
+            vals["A8"] = dict(weakest(recs), gates=gates)
+        else:
+            pv = _holm({m: _one_sided_p(r, r["n"]) for m, r in measured.items()})
+            best = max(measured, key=lambda m: _t_stat(measured[m]))
+            def show(m, r):
+                if r["estimate"] is None:
+                    return f"{m} not measured ({r['detail']})"
+                ci = f" [{r['low']:.2f}, {r['high']:.2f}]" if r.get("low") is not None else ""
+                return f"{m} {r['estimate']:+.2f}{ci} Holm p {pv[m]:.3g}"
+            others = "; ".join(show(m, r) for m, r in recs.items())
+            rec = recs[best]
+            div = len({run for a in [s_both, *mixed_both.values()] for run in a.diverged.values()})
+            vals["A8"] = dict(rec, detail=_join(f"deciding method: {best} (largest t)", rec["detail"],
+                                                f"all methods at level {level_for('A8')}: {others}"))
+            if div:
+                vals["A8"]["diverged"] = div
 
-    # A9: truncated SFT-then-RL against the best mixed-policy method: accuracy (paired) and FLOPs ratio (exact)
-    best, why = _best_mixed(df, cfg, model, "fixed")
+    # A9: truncated SFT-then-RL beats every mixed-policy method (intersection-union over methods, paired) with
+    # fewer FLOPs than each (exact: FLOPs are counted, not sampled; the largest per-seed ratio over methods)
     trunc = _arm(df, model, "fixed", "sft_then_rl_truncated")
-    arms = [trunc] + ([best] if best is not None else [])
-    if best is None or _missing(trunc):
-        miss = why if best is None else _missing(trunc)
+    if not mixed or _missing(trunc):
+        miss = "no mixed-policy method configured" if not mixed else _missing(trunc)
         parts = {"accuracy": not_measured(miss, sources=main), "flops": not_measured(miss, sources=main)}
     else:
-        acc = _difference("A9", trunc, best, "fixed: truncated sft_then_rl minus best mixed", gates=[],
-                          sources=main)
-        method = best.label.split("/")[1]
-        tf, bf = _arm(df, model, "fixed", "sft_then_rl_truncated", "flops"), _arm(df, model, "fixed", method, "flops")
-        p = _pair(tf, bf)
-        if not p.seeds:
-            flops = not_measured(_join("no seed with both runs finished", p.note), sources=p.sources + main,
-                                 diverged=p.diverged)
-        elif (p.values[0] <= 0).any() or (p.values[1] <= 0).any():
-            flops = not_measured("non-positive FLOPs recorded", sources=p.sources + main)
+        accs = {f"vs_{m}": _difference("A9", trunc, _arm(df, model, "fixed", m),
+                                       f"fixed: truncated sft_then_rl minus {m}", gates=[], sources=main)
+                for m in mixed}
+        acc = weakest(accs)
+        tf = _arm(df, model, "fixed", "sft_then_rl_truncated", "flops")
+        ratios, lines, srcs, div, missing = [], [], [], 0, []
+        for m in mixed:
+            p = _pair(tf, _arm(df, model, "fixed", m, "flops"))
+            srcs += p.sources
+            div = max(div, p.diverged)
+            if not p.seeds:
+                missing.append(_join(f"{m}: no seed with both runs finished", p.note))
+                continue
+            r = p.values[0] / p.values[1]
+            ratios += list(r)
+            lines.append(f"{m} " + ", ".join(f"{x:.4g}" for x in r) + (f" ({p.note})" if p.note else ""))
+        if missing:
+            flops = not_measured(_join(*missing), sources=srcs + main, diverged=div)
+        elif min(min(ratios), 1.0) <= 0 or not np.isfinite(ratios).all():
+            flops = not_measured("non-positive FLOPs recorded", sources=srcs + main)
         else:
-            ratios = p.values[0] / p.values[1]
-            flops = exact(float(ratios.max()), n=len(ratios), sources=p.sources + main, detail=_join(
-                f"largest per-seed ratio truncated sft_then_rl FLOPs / {method} FLOPs over seeds {p.seeds} "
-                f"(FLOPs are counted, not sampled; every run must hold): per seed "
-                + ", ".join(f"{r:.4g}" for r in ratios), p.note))
-            if p.diverged:
-                flops["diverged"] = p.diverged
-        parts = {"accuracy": dict(acc, detail=_join(acc["detail"], why)), "flops": flops}
+            flops = exact(float(max(ratios)), n=min(len(_pair(tf, _arm(df, model, "fixed", m, "flops")).seeds)
+                                                   for m in mixed), sources=srcs + main,
+                          detail="largest per-seed ratio truncated sft_then_rl FLOPs / mixed method FLOPs over "
+                                 "every mixed method (FLOPs are counted, not sampled; every run must hold): "
+                                 + "; ".join(lines))
+            if div:
+                flops["diverged"] = div
+        parts = {"accuracy": acc, "flops": flops}
+    arms = [trunc] + [_arm(df, model, "fixed", m) for m in mixed]
     vals["A9"] = _with_parts(parts, _join(*(f"{k}: {v['detail']}" for k, v in parts.items())), gates, src_main,
                              *arms)
 
@@ -491,6 +555,6 @@ def aggregate(cfg: StudyConfig, runs: list[str | Path], scale: str, tables: Path
     tables.mkdir(parents=True, exist_ok=True)
     figdir.mkdir(parents=True, exist_ok=True)
     main_table(summary, cfg, tables, baseline)
-    ablation_table(summary, cfg, tables)
+    ablation_table(summary, cfg, tables, baseline)
     figures(df, summary, cfg, figdir)
     atomic_write_json(evidence, claims(df, cfg, scale, baseline, tables))

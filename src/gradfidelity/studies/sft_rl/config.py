@@ -1,7 +1,9 @@
 """Typed configuration of the study (config/<scale>/sft_rl.yaml, validated first by the JSON schema).
 
-Rules pass the whole section as one JSON string; `StudyConfig.from_dict` turns it into frozen dataclasses and
-raises UserError naming the key for anything the schema cannot express (cross-field checks).
+Rules pass the sub-sections a job depends on as one JSON string (workflow.job_cfg: a training job never sees
+`seeds`, `methods` or a later stage's settings, so editing them reruns only the jobs they change);
+`StudyConfig.from_dict` turns it into frozen dataclasses (absent sections take their defaults) and raises
+UserError naming the key for anything the schema cannot express (cross-field checks).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class StudyConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> StudyConfig:
-        required = ("models", "seeds", "methods", "variants")
+        required = ("models",)
         missing = [k for k in required if k not in d]
         if missing:
             raise UserError(f"sft_rl: missing key(s) {missing}")
@@ -99,6 +101,7 @@ class StudyConfig:
         unknown = set(d) - known
         if unknown:
             raise UserError(f"sft_rl: unknown key(s) {sorted(unknown)}")
+        d = {"seeds": [0], "methods": list(METHODS), "variants": list(VARIANTS), **d}
         for m in d["methods"]:
             if m not in METHODS:
                 raise UserError(f"sft_rl.methods: unknown method {m!r}; expected one of {list(METHODS)}")

@@ -69,10 +69,44 @@ def checker(cfg: StudyConfig):
     return is_correct if cfg.data.source == "arithmetic" else paper.is_correct_boxed
 
 
+@torch.no_grad()
+def demo_nll(model, tok, problems: list[Problem], batch_size: int) -> float:
+    """Held-out teacher-forced NLL (nats per token) of the demonstrations (solution + EOS) given their prompts:
+    the low-noise secondary endpoint (no sampling, no exact-match threshold), a token mean over the whole set."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i:i + batch_size]
+        prompts = tok([p.prompt for p in chunk], add_special_tokens=False)["input_ids"]
+        demos = tok([p.solution for p in chunk], add_special_tokens=False)["input_ids"]
+        seqs = [a + b + [eos] for a, b in zip(prompts, demos, strict=True)]
+        length = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), length), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        target = torch.zeros_like(ids, dtype=torch.bool)  # tokens of the demonstration (+ EOS)
+        for j, (x, a) in enumerate(zip(seqs, prompts, strict=True)):
+            ids[j, :len(x)] = torch.tensor(x)
+            attn[j, :len(x)] = 1
+            target[j, len(a):len(x)] = True
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+        mask = target[:, 1:]
+        total += float(-(logp * mask).sum())
+        count += int(mask.sum())
+    model.train(was_training)
+    return total / max(count, 1)
+
+
 def evaluate_all(model, tok, cfg: StudyConfig) -> dict[str, float]:
+    """Exact-match accuracy per eval set (points) and the demonstrations' NLL per set (nats/token)."""
     check = checker(cfg)
-    return accuracy_table({s: evaluate(model, tok, probs, cfg.eval_batch_size, check)
-                           for s, probs in eval_problems(cfg).items()})
+    sets = eval_problems(cfg)
+    out = accuracy_table({s: evaluate(model, tok, probs, cfg.eval_batch_size, check) for s, probs in sets.items()})
+    nll = {f"nll_{s}": demo_nll(model, tok, probs, cfg.eval_batch_size) for s, probs in sets.items()}
+    nll["nll_macro"] = sum(nll.values()) / len(nll)
+    return {**out, **nll}
 
 
 def flops(n_params: int, train_tokens: int, gen_tokens: int) -> float:

@@ -16,7 +16,9 @@ Evaluation sets (the benchmark stand-ins):
           single '*' facts during pretraining only                     (out of distribution)
 
 Every set is generated from its own seed stream; eval problems that also occur in the train split are dropped,
-so the held-out sets are disjoint from training.
+and the pretraining corpus skips every evaluation prompt (bare or with its worked chain), so no evaluation problem
+or its solution appears in pretraining, SFT or RL data (tests/sft_rl/test_task.py checks it for every scale's
+config). Round 1's corpus did not skip them: its short worked chains solved 16% of the cpu `id` set.
 """
 
 from __future__ import annotations
@@ -120,20 +122,31 @@ def pretrain_corpus(cfg: TaskConfig) -> list[str]:
     """Unlabeled task text for the base model: operator facts (all three operators), bare prompts of the
     training distribution (no solutions), and a few short worked chains, like a base model's web math."""
     rng = random.Random(cfg.seed + _SPLIT_OFFSET["pretrain"])
+    held_out = heldout_prompts(cfg)
     lines = []
-    for i in range(cfg.n_pretrain):
+    i = 0
+    while len(lines) < cfg.n_pretrain:
         kind = i % 3
+        i += 1
         if kind == 0:
             a, b, op = rng.randrange(cfg.modulus), rng.randrange(cfg.modulus), rng.choice("+-*")
             lines.append(f"{a}{op}{b}={OPS[op](a, b, cfg.modulus)}")
         elif kind == 1:
             lo, hi = cfg.train_ops
-            lines.append(_random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus).prompt)
+            p = _random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus)
+            if p.prompt not in held_out:
+                lines.append(p.prompt)
         else:
             lo, hi = cfg.pretrain_worked_ops
             p = _random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus)
-            lines.append(p.prompt + p.solution)
+            if p.prompt not in held_out:
+                lines.append(p.prompt + p.solution)
     return lines
+
+
+def heldout_prompts(cfg: TaskConfig) -> set[str]:
+    """Every evaluation prompt (id, long, ood): what no training or pretraining text may contain."""
+    return {p.prompt for s in EVAL_SETS for p in make_split(cfg, s)}
 
 
 def extract_answer(completion: str) -> str | None:

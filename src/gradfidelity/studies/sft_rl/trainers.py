@@ -134,7 +134,9 @@ class MixedPolicyTrainer(GFGRPOTrainer):
         return [ids + [self.eos_id] for ids in enc]
 
     def _rewards(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, answers: list[str]):
-        texts = self.processing_class.batch_decode(completion_ids * completion_mask, skip_special_tokens=True)
+        # only the masked-in tokens of each row (no assumption about the pad token's id)
+        rows = [ids[m.bool()].tolist() for ids, m in zip(completion_ids, completion_mask, strict=True)]
+        texts = self.processing_class.batch_decode(rows, skip_special_tokens=True)
         check = getattr(self, "check", is_correct)
         return torch.tensor([float(check(t, a)) for t, a in zip(texts, answers, strict=True)])
 
@@ -150,9 +152,9 @@ class MixedPolicyTrainer(GFGRPOTrainer):
         out["group_first"] = torch.tensor([i % g == 0 for i in range(n)])
         n_correct = out["rewards"].view(-1, g).sum(dim=1).repeat_interleave(g)
         out["group_correct"] = n_correct
+        generated = {"prompt_mask": out["prompt_mask"], "completion_mask": out["completion_mask"]}
+        self._count_generation(generated)  # every rollout generated, before any method replaces one
         self.extend_batch(out, inputs)
-        self._count_generation(out, rows=out.get("generated_rows"))
-        out.pop("generated_rows", None)
         return out
 
     def extend_batch(self, out: dict, inputs: list[dict]) -> None:
@@ -166,6 +168,18 @@ class MixedPolicyTrainer(GFGRPOTrainer):
             model, ids, mask, comp_ids.size(1), compute_entropy=entropy)
         self.tokens.train += int(mask.sum())
         return logps, ent
+
+    def _demo_logps(self, model, inputs, rows: torch.Tensor) -> torch.Tensor:
+        """Per-token log-probs of the demonstrations on the selected rows only (B, T_demo; zero elsewhere):
+        the forward, and its token count for FLOPs, runs once per row that needs it."""
+        full = torch.zeros(inputs["demo_ids"].shape, dtype=torch.float32, device=inputs["demo_ids"].device)
+        if not bool(rows.any()):
+            return full
+        sub, _ = self._logps(model, inputs["prompt_ids"][rows], inputs["prompt_mask"][rows],
+                             inputs["demo_ids"][rows], inputs["demo_mask"][rows])
+        full = full.to(sub.dtype)
+        full[rows] = sub
+        return full
 
     def _compute_loss(self, model, inputs):
         loss = self.method_loss(model, inputs)
@@ -182,7 +196,8 @@ class LuffyTrainer(MixedPolicyTrainer):
     The expert demonstration joins each GRPO group as an off-policy sample (it replaces one of the G rollouts, as
     LUFFY's G-1 on-policy + 1 off-policy groups); advantages are r - group mean, without std normalisation; the
     off-policy tokens are trained with the shaped probability f(p) = p / (p + gamma), gamma = 0.1, unclipped
-    (losses.luffy_tokens). The replaced rollout's generation is not counted in FLOPs (LUFFY generates G-1).
+    (losses.luffy_tokens). FLOPs: this implementation generates all G rollouts and discards the replaced one, so
+    the discarded generation is counted (what was computed, not what LUFFY's own G-1 sampler would cost).
     """
 
     method = "luffy"
@@ -203,7 +218,6 @@ class LuffyTrainer(MixedPolicyTrainer):
         out["rewards"] = rewards
         out["advantages"] = losses.group_advantages(rewards, g, scale=False)
         out["off_policy"] = off
-        out["generated_rows"] = ~off
         self._metrics["train"]["luffy/on_policy_reward"].append(float(rewards[~off].mean()))
 
     def method_loss(self, model, inputs):
@@ -227,15 +241,16 @@ class SRFTTrainer(MixedPolicyTrainer):
     def method_loss(self, model, inputs):
         logps, ent = self._logps(model, inputs["prompt_ids"], inputs["prompt_mask"],
                                  inputs["completion_ids"], inputs["completion_mask"], entropy=True)
-        demo_logps, _ = self._logps(model, inputs["prompt_ids"], inputs["prompt_mask"],
-                                    inputs["demo_ids"], inputs["demo_mask"])
+        # one demonstration per prompt: the batch holds G copies of it; run the forward once per distinct
+        # demonstration (the `group_first` rows). The token mean over them equals the mean over all G copies.
+        first = inputs["group_first"]
+        demo_logps = self._demo_logps(model, inputs, first)
         h = losses.masked_mean(ent, inputs["completion_mask"])
         w_sft, w_pos = losses.srft_weights(h, self.mixed.srft_sft_coef, self.mixed.srft_pos_coef)
         self._metrics["train"]["srft/entropy"].append(float(h))
         self._metrics["train"]["srft/w_sft"].append(float(w_sft))
-        # one demonstration per prompt: rows are G copies of it, so the token mean over all rows is the same
         return losses.srft_loss(logps, inputs["completion_mask"], inputs["advantages"], inputs["rewards"],
-                                demo_logps, inputs["demo_mask"], h, self.mixed.srft_sft_coef,
+                                demo_logps, inputs["demo_mask"] * first[:, None], h, self.mixed.srft_sft_coef,
                                 self.mixed.srft_pos_coef)
 
 
@@ -298,11 +313,8 @@ class HPTTrainer(MixedPolicyTrainer):
         use_sft = losses.hpt_gate(inputs["group_correct"], self.mixed.hpt_gate)
         demo_row = inputs["group_first"]
         self._metrics["train"]["hpt/sft_fraction"].append(float(use_sft.float().mean()))
-        if bool((use_sft & demo_row).any()):
-            demo_logps, _ = self._logps(model, inputs["prompt_ids"], inputs["prompt_mask"],
-                                        inputs["demo_ids"], inputs["demo_mask"])
-        else:  # no gated prompt: no demonstration forward needed
-            demo_logps = torch.zeros_like(inputs["demo_ids"], dtype=logps.dtype)
+        # the demonstration forward only for gated prompts, once per prompt (one `group_first` row each)
+        demo_logps = self._demo_logps(model, inputs, use_sft & demo_row)
         return losses.hpt_loss(logps, inputs["completion_mask"], inputs["advantages"], use_sft,
                                demo_logps, inputs["demo_mask"], demo_row)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+
 from gradfidelity.studies.sft_rl import plan
 
 BUGGY = ("ds_bug", "both")
@@ -20,3 +23,24 @@ def rl_init(cfg: dict, root: str):
         d = plan.init_dir(cfg, root, wildcards.model, wildcards.variant, wildcards.method, int(wildcards.seed))
         return f"{d}/metrics.json"
     return init
+
+
+# The config keys each job reads (everything else is left out of its command, so that editing it does not rerun
+# the job): the base model depends on the model, task and pretraining only; an SFT job adds the SFT and DeepSpeed
+# settings; an RL-stage job the RL and mixed-policy settings instead (its SFT input is a file, tracked as input).
+_COMMON = ("models", "task", "data", "threads", "checkpoint_every", "eval_batch_size")
+JOB_KEYS = {
+    "pretrain": _COMMON + ("pretrain",),
+    "sft": _COMMON + ("sft", "deepspeed", "bug_stages"),
+    "rl": _COMMON + ("rl", "mixed", "deepspeed", "bug_stages"),
+}
+
+
+def job_section(cfg: dict, job: str) -> dict:
+    """The sub-sections of the sft_rl config that a `job` (pretrain, sft, rl) depends on."""
+    return {k: cfg[k] for k in JOB_KEYS[job] if k in cfg}
+
+
+def job_cfg(cfg: dict, job: str) -> str:
+    """`job_section` as a shell-quoted JSON string for `--cfg {params.cfg}`."""
+    return shlex.quote(json.dumps(job_section(cfg, job), sort_keys=True))

@@ -1,0 +1,131 @@
+"""Run directories -> one tidy CSV (one row per run, diverged runs included) and the per-seed alignment of arms.
+
+An aggregation reads the files it is given and their stored metadata, never the path layout: corpus, width and
+method come from the run's provenance.json (`config.cell`, written by the harness for ok and diverged runs alike),
+the status, seed and scale from metrics.json through the one harness loader (runs of another scale refused).
+
+Pairing is by seed: the same seed gives BP and every method the same initial weights and the same batch order.
+`align` returns, for several arms (corpus, width, method), the per-seed values of one column on the seeds where
+every arm finished ok, and names the seeds it left out (a diverged run, a missing run).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gradfidelity.errors import UserError
+from gradfidelity.harness.io import read_json
+from gradfidelity.harness.results import load_run_records
+
+LABEL = {"bp": "BP", "bp_tm": "BP (thread-matched)", "live_local": "Live Local (serial)",
+         "broadcast_serial": "Broadcast (serial)", "rgc_serial": "RGC (serial)",
+         "broadcast_async": "Broadcast (async)", "rgc_async": "RGC (async)"}
+_KEYS = ("path", "run_dir", "status", "seed", "scale", "corpus", "width", "method")
+_METRICS = ("val_bpb", "corpus_source", "n_params", "n_stages", "steps")
+_TIMING = ("tokens_per_s", "train_s", "peak_pss_gib", "idle_pss_gib", "compute_threads", "model_tflops_per_s")
+_DIVERGED = ("diverged_at_step", "diverged_what")
+COLUMNS = (*_KEYS, *_METRICS, *_TIMING, "stage_busy_s", *_DIVERGED)
+
+
+def _cell(run_dir: str) -> dict:
+    prov = Path(run_dir) / "provenance.json"
+    if not prov.exists():
+        raise UserError(f"{prov} does not exist: not a finished study C run")
+    cell = (read_json(prov).get("config") or {}).get("cell")
+    if not isinstance(cell, dict) or not {"corpus", "width", "method"} <= set(cell):
+        raise UserError(f"{prov}: config.cell (corpus, width, method) missing: not a study C run")
+    return cell
+
+
+def aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame:
+    """One row per run (diverged runs included, with empty metric cells)."""
+    rows = []
+    for rec in load_run_records(paths, scale=scale):
+        cell = _cell(rec["run_dir"])
+        row = {"path": rec["path"], "run_dir": rec["run_dir"], "status": rec["status"], "seed": int(rec["seed"]),
+               "scale": rec.get("scale"), "corpus": cell["corpus"], "width": int(cell["width"]),
+               "method": cell["method"]}
+        m, t = rec["metrics"], rec.get("timing") or {}
+        if rec["status"] == "ok":
+            row.update({k: m.get(k) for k in _METRICS})
+            row.update({k: t.get(k) for k in _TIMING})
+            row["stage_busy_s"] = json.dumps(t["stage_busy_s"]) if "stage_busy_s" in t else ""
+        else:
+            row.update({k: m.get(k) for k in _DIVERGED})
+        rows.append(row)
+    df = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
+    return df.sort_values(["corpus", "width", "method", "seed"]).reset_index(drop=True)
+
+
+def read_aggregate(path: str | Path) -> pd.DataFrame:
+    """The tidy CSV back, with the types the statistics expect."""
+    df = pd.read_csv(path, keep_default_na=True)
+    df["stage_busy_s"] = df["stage_busy_s"].fillna("")
+    return df
+
+
+@dataclass(frozen=True)
+class Aligned:
+    """Per-seed values of one column for several arms (corpus, width, method), on the seeds where all finished ok."""
+    arms: list[tuple[str, int, str]]
+    seeds: list[int]
+    values: list[np.ndarray]  # one array per arm, in the order of `seeds`
+    diverged: dict[int, list[str]] = field(default_factory=dict)  # dropped seed -> the arms that diverged on it
+    missing: list[int] = field(default_factory=list)  # seeds without a run of some arm
+    sources: list[str] = field(default_factory=list)  # run directories of every arm on every seed considered
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+
+def arm_label(arm: tuple[str, int, str]) -> str:
+    return f"{LABEL.get(arm[2], arm[2])} ({arm[0]}, w{arm[1]})"
+
+
+def align(df: pd.DataFrame, arms: list[tuple[str, int, str]], col: str) -> Aligned:
+    per_arm = []
+    for corpus, width, method in arms:
+        a = df[(df.corpus == corpus) & (df.width == width) & (df.method == method)].set_index("seed")
+        if not a.index.is_unique:
+            raise UserError(f"{arm_label((corpus, width, method))}: more than one run per seed")
+        per_arm.append(a)
+    kept, diverged, missing, sources = [], {}, [], []
+    for seed in sorted(set().union(*(set(a.index) for a in per_arm))):
+        rows = [a.loc[seed] if seed in a.index else None for a in per_arm]
+        sources += [str(r.run_dir) for r in rows if r is not None]
+        bad = [arm_label(arm) for arm, r in zip(arms, rows, strict=True) if r is not None and r.status != "ok"]
+        if bad:
+            diverged[int(seed)] = bad
+        elif any(r is None for r in rows):
+            missing.append(int(seed))
+        else:
+            kept.append(int(seed))
+    return Aligned(list(arms), kept, [a.loc[kept, col].to_numpy(float) for a in per_arm], diverged, missing,
+                   sources)
+
+
+def paired(cell: pd.DataFrame, method: str, base: str, col: str) -> Aligned:
+    """`col` of method and base on the seeds of one (corpus, width) cell where both finished ok."""
+    if cell.empty:
+        return Aligned([], [], [np.array([]), np.array([])])
+    corpus, width = cell.corpus.iloc[0], int(cell.width.iloc[0])
+    return align(cell, [(corpus, width, method), (corpus, width, base)], col)
+
+
+def source_of(cell: pd.DataFrame) -> str:
+    s = cell.corpus_source.dropna()
+    return str(s.iloc[0]) if len(s) else "?"
+
+
+def write_aggregate(paths: list[str], scale: str, out: Path) -> pd.DataFrame:
+    from gradfidelity.harness.io import atomic_write_csv
+
+    df = aggregate(paths, scale=scale)
+    atomic_write_csv(df, out)
+    return df

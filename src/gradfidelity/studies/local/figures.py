@@ -1,0 +1,83 @@
+"""Tidy CSV -> the two figures of study C: the quality-throughput-memory frontier and the width scaling."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from gradfidelity.plots import new_figure, save_figure, style_axes
+from gradfidelity.studies.local.aggregate import LABEL
+from gradfidelity.studies.local.settings import ASYNC, LocalSettings
+
+
+def _log_ratio_axis(axis) -> None:
+    """Readable ticks on a log axis of ratios: majors at 1, 2, 5 x 10^k printed plainly, no minor labels (round 1
+    let matplotlib label every minor tick of a narrow range, which overlapped into one unreadable string)."""
+    lo, hi = sorted(axis.get_view_interval())
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+    subs = (1.0, 2.0, 5.0) if decades <= 2 else (1.0,)  # wide ranges (few seeds): decades only
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def frontier_figure(main: pd.DataFrame, s: LocalSettings, path: Path) -> None:
+    sub = main[main.width == s.main_width]
+    corpora = sorted(sub.corpus.unique())
+    fig, axes = new_figure(ncols=max(1, len(corpora)), width=4.2, height=3.4)
+    for ax, corpus in zip(axes[0], corpora, strict=False):
+        c = sub[sub.corpus == corpus]
+        pss_bp = c.pss_bp_gib.iloc[0]
+        ax.scatter([1.0], [0.0], s=400 * pss_bp, c="k", alpha=0.6, label=f"BP ({pss_bp:.2f} GiB)")
+        for _, r in c.iterrows():
+            if not np.isfinite(r.ratio_vs_bp) or not np.isfinite(r.get("mean_gap_pct", math.nan)):
+                continue
+            xerr = None
+            if np.isfinite(r.ratio_low):
+                xerr = [[r.ratio_vs_bp - r.ratio_low], [r.ratio_high - r.ratio_vs_bp]]
+            ax.errorbar(r.ratio_vs_bp, r.mean_gap_pct, xerr=xerr, fmt="none", ecolor="0.6", lw=0.8)
+            ax.scatter(r.ratio_vs_bp, r.mean_gap_pct, s=400 * r.pss_method_gib, alpha=0.6,
+                       label=f"{LABEL[r.method]} ({r.pss_method_gib:.2f} GiB)")
+            if np.isfinite(r.get("upper_pct", math.nan)):
+                ax.plot([r.ratio_vs_bp] * 2, [r.mean_gap_pct, r.upper_pct], color="0.3", lw=0.8, ls=":")
+        ax.axhline(s.margin_pct, color="r", lw=0.8, ls="--")
+        ax.set_xscale("log")  # ratios; with few seeds the t intervals can span decades
+        _log_ratio_axis(ax.xaxis)
+        style_axes(ax, title=f"{corpus} ({c.source.iloc[0]}), width {s.main_width}",
+                   xlabel="throughput / BP (paired 95% CI)", ylabel="mean gap % vs BP (dotted: 95% upper bound)")
+        ax.legend(fontsize=6)
+    save_figure(fig, path, caption="Quality-throughput-memory frontier: marker area ~ peak process-tree PSS; "
+                "red dashed line: the 1% non-inferiority margin.")
+
+
+def width_figure(main: pd.DataFrame, path: Path) -> None:
+    fig, axes = new_figure(ncols=2, width=4.0, height=3.2)
+    sub = main[main.method.isin(ASYNC)]
+    for (corpus, method), g in sub.groupby(["corpus", "method"]):
+        g = g.sort_values("width")
+        yerr = [g.ratio_vs_bp - g.ratio_low, g.ratio_high - g.ratio_vs_bp]
+        line = axes[0][0].errorbar(g.width, g.ratio_vs_bp, yerr=yerr if g.ratio_low.notna().all() else None,
+                                   marker="o", capsize=2, label=f"{LABEL[method]}, {corpus}")
+        if "ratio_vs_best" in g:
+            axes[0][0].plot(g.width, g.ratio_vs_best, ls="--", marker="x", color=line[0].get_color())
+        axes[0][1].plot(g.width, g.mean_gap_pct, marker="o", label=f"{LABEL[method]}, {corpus}")
+    axes[0][0].axhline(1.0, color="k", lw=0.8)
+    axes[0][0].set_yscale("log")
+    _log_ratio_axis(axes[0][0].yaxis)
+    style_axes(axes[0][0], title="speed-up vs width", xlabel="width", ylabel="throughput / BP (dashed: / best BP "
+               "in budget)")
+    style_axes(axes[0][1], title="quality gap vs width", xlabel="width", ylabel="mean gap % vs BP")
+    axes[0][0].legend(fontsize=6)
+    save_figure(fig, path, caption="Async speed-up (paired 95% CI) and mean bits-per-byte gap against BP by width.")
+
+
+def write_figures(df: pd.DataFrame, s: LocalSettings, frontier: Path, scaling: Path) -> None:
+    from gradfidelity.studies.local.tables import main_table
+
+    main = main_table(df, s)
+    frontier_figure(main, s, frontier)
+    width_figure(main, scaling)

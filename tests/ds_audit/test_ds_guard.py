@@ -1,0 +1,37 @@
+"""DeepSpeedAuditCallback with TRL's SFTTrainer on DeepSpeed ZeRO-2 + CPU offload, GA 4 (trl_guard_script.py in a
+child process, its DeepSpeed chosen by PYTHONPATH): 0.18.9 raises before the first optimizer step, 0.19.8 trains."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("trl_guard_script.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(tmp_path, overlay: bool) -> str:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if overlay:
+        env["PYTHONPATH"] = str(ROOT / ".venv-ds0189")
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_guard_raises_under_buggy_deepspeed(tmp_path):
+    out = _run(tmp_path, overlay=True)
+    assert "GUARD_RAISED DeepSpeed 0.18.9" in out and "[[1, 2], [1, 2]]" in out
+    assert out.strip().endswith("optimizer steps: 0")
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_guard_lets_fixed_deepspeed_train(tmp_path):
+    assert "TRAINED 2" in _run(tmp_path, overlay=False)
