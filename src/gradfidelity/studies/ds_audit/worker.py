@@ -89,8 +89,11 @@ def _read_events(prefix: Path, world: int) -> list[list[dict]]:
     out = []
     for r in range(world):
         p = Path(f"{prefix}.rank{r}.jsonl")
-        lines = p.read_text().splitlines() if p.is_file() else []
-        out.append([json.loads(x) for x in lines if x.strip()])
+        # A rank may be in the middle of writing a long line (a large result is written in several chunks):
+        # only lines that end with a newline are complete events; the rest is read on the next poll.
+        text = p.read_text() if p.is_file() else ""
+        complete = text.split("\n")[:-1]
+        out.append([json.loads(x) for x in complete if x.strip()])
     return out
 
 
