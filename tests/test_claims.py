@@ -201,3 +201,10 @@ def test_claims_report_files(tmp_path):
     assert "n / min_n" in md and "exact" in md
     assert out.set_index("id").loc["A2", "verdict"] == REPRODUCED
     assert pd.read_csv(tmp_path / "c.csv").shape[0] == len(load_registry())
+
+
+def test_an_unmeasured_part_gives_its_own_reason_not_n():
+    row = dict(ROW, check={"kind": "true", "parts": {"vs_a": {"kind": "gt", "threshold": 0},
+                                                     "vs_b": {"kind": "gt", "threshold": 0}}})
+    record = ev.with_parts({"vs_a": rec(2.0, 1.0, 3.0), "vs_b": ev.not_measured("method b is not configured")})
+    assert judge(row, record, True, "cpu") == (NOT_MEASURED, "part vs_b: method b is not configured")

@@ -219,7 +219,13 @@ def judge(claim: dict, rec: dict | None, evidence_present: bool, scale: str) -> 
     failed = [g for g in rec.get("gates") or [] if not g["passed"]]
     if failed:
         return NOT_MEASURED, "gate failed: " + "; ".join(f"{g['name']}: {g['reason']}" for g in failed)
-    if rec["n"] < claim["min_n"] and not (rec.get("estimate") is None and not rec.get("parts")):
+    # a missing value says why in its own words; n < min_n is the reason only when there is something to judge
+    if rec.get("estimate") is None and not rec.get("parts"):
+        return NOT_MEASURED, rec.get("detail") or "no value"
+    for name, part in (rec.get("parts") or {}).items():
+        if part.get("estimate") is None:
+            return NOT_MEASURED, f"part {name}: {part.get('detail') or 'no value'}"
+    if rec["n"] < claim["min_n"]:
         return NOT_MEASURED, f"n = {rec['n']} < min_n = {claim['min_n']}"
     verdict, why = _record_verdict(claim["check"], rec, claim["id"], claim["level"])
     if claim["evidence"] == "arithmetic" and verdict != NOT_MEASURED:
