@@ -5,8 +5,9 @@ import json
 import re
 
 import pytest
+from snakemake.utils import update_config
 
-from gradfidelity.config import coerce_cli_strings, deep_merge, validate_section
+from gradfidelity.config import coerce_cli_strings, validate_section
 from gradfidelity.errors import UserError
 from tests.test_workflow import REPO, _smk
 
@@ -17,12 +18,13 @@ SCHEMA = {"type": "object", "additionalProperties": False, "definitions": {"n": 
                                                   "widths": {"type": "array", "items": {"type": "integer"}}}}}}
 
 
-def test_deep_merge_keeps_siblings_at_every_depth():
-    base = {"train": {"steps": 40, "model": {"n_layer": 4, "width": 64}}, "seeds": 2}
-    out = deep_merge(base, {"train": {"model": {"width": 32}}})
-    assert out == {"train": {"steps": 40, "model": {"n_layer": 4, "width": 32}}, "seeds": 2}
-    assert base["train"]["model"]["width"] == 64, "the base is not modified"
-    assert deep_merge({"a": {"b": 1}}, {"a": 5}) == {"a": 5}  # a scalar override replaces a mapping
+def test_the_merge_the_workflow_uses_keeps_siblings_at_every_depth():
+    section = {"train": {"steps": 40, "model": {"n_layer": 4, "width": 64}}, "seeds": 2}
+    update_config(section, {"train": {"model": {"width": 32}}})
+    assert section == {"train": {"steps": 40, "model": {"n_layer": 4, "width": 32}}, "seeds": 2}
+    scalar = {"a": {"b": 1}}
+    update_config(scalar, {"a": 5})
+    assert scalar == {"a": 5}  # a scalar override replaces a mapping
 
 
 def test_cli_strings_become_numbers_only_where_the_schema_wants_numbers():

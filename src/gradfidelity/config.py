@@ -45,20 +45,6 @@ def cfg_from_json(text: str, where: str) -> dict:
     return cfg
 
 
-def deep_merge(base: dict, override: dict, where: str = "") -> dict:
-    """`override` merged into a copy of `base` key by key at every depth (a dict never replaces a whole dict).
-
-    A key of `override` that `base` lacks is kept: the schema check that follows names it if it is unknown.
-    """
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value, f"{where}.{key}" if where else str(key))
-        else:
-            out[key] = value
-    return out
-
-
 def _types(schema: dict) -> set[str]:
     t = schema.get("type", [])
     return {t} if isinstance(t, str) else set(t)

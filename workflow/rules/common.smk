@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import yaml
-from gradfidelity.config import coerce_cli_strings, deep_merge, validate_section
+from snakemake.utils import update_config
+from gradfidelity.config import coerce_cli_strings, validate_section
 from gradfidelity.errors import UserError
 from gradfidelity.studies import STUDIES
 
@@ -42,7 +43,9 @@ def _load_study_config(study):
         raise UserError(f"bad config key '{study}': an override must be a mapping, got {override!r}")
     schema = yaml.safe_load(schema_path.read_text())
     override = coerce_cli_strings(override, schema, study)
-    config[study] = deep_merge(yaml.safe_load(path.read_text()) or {}, override)
+    section = yaml.safe_load(path.read_text()) or {}
+    update_config(section, override)  # Snakemake's own recursive merge: key by key at every depth
+    config[study] = section
     validate_section(config[study], schema_path, study)
 
 
