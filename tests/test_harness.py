@@ -274,3 +274,23 @@ def test_thread_limits_reach_every_native_pool():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     torch_threads, seen, recorded = json.loads(out)
     assert torch_threads == 1 and seen and set(seen) == {1} and recorded == seen
+
+
+def test_git_state_names_the_modified_tracked_files(tmp_path):
+    import subprocess
+
+    from gradfidelity.harness.provenance import git_state
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "b.py").write_text("y = 1\n")
+    git("add", "a.py", "b.py")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
+    assert git_state(tmp_path)["git_dirty"] is False and git_state(tmp_path)["git_dirty_files"] == []
+    (tmp_path / "b.py").write_text("y = 2\n")
+    (tmp_path / "new.py").write_text("untracked\n")  # untracked files are not the run's code
+    state = git_state(tmp_path)
+    assert state["git_dirty"] is True and state["git_dirty_files"] == ["b.py"]

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 
 import jsonschema
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -242,8 +243,12 @@ def _write_run(path, metrics, scale="smoke", status="ok"):
 def _tables_args(tmp_path, groups, loss, scale="smoke"):
     out = {k: tmp_path / "out" / name for k, name in [
         ("matrix-csv", "m.csv"), ("matrix-md", "m.md"), ("matrix-png", "m.png"), ("loss-csv", "l.csv"),
-        ("loss-md", "l.md"), ("loss-png", "l.png"), ("evidence", "ev.json")]}
-    args = ["ds-audit-tables", "--groups", *map(str, groups), "--loss", str(loss), "--scale", scale]
+        ("loss-md", "l.md"), ("loss-png", "l.png"), ("alignment-csv", "a.csv"), ("alignment-md", "a.md"),
+        ("evidence", "ev.json")]}
+    align = _write_run(tmp_path / "alignment/seed0/metrics.json", {
+        "model": "tiny", "micro_batch_size": 1, "grams": [np.eye(8).tolist(), (np.eye(8) + 1.0).tolist()]}, scale)
+    args = ["ds-audit-tables", "--groups", *map(str, groups), "--loss", str(loss), "--alignment", str(align),
+            "--scale", scale]
     for k, v in out.items():
         args += [f"--{k}", str(v)]
     return args, out
@@ -276,6 +281,8 @@ def test_tables_step_writes_valid_evidence_with_sources(tmp_path):
                         "A1-7981": REPRODUCED, "A2": REPRODUCED, "A3": REPRODUCED, "A4": REPRODUCED}
     assert ev["A1"]["sources"] == [str(group.parent), str(out["matrix-csv"]), str(out["matrix-md"])]
     assert ev["A4"]["sources"] == [str(loss.parent), str(out["loss-csv"]), str(out["loss-md"])]
+    assert str(out["alignment-md"]) in ev["A3"]["sources"]
+    assert "sqrt(2/N) = 0.500" in ev["A3"]["detail"] and "2/N = 0.250" in ev["A3"]["detail"]
     md = out["matrix-md"].read_text()
     header = next(line for line in md.splitlines() if line.startswith("| deepspeed"))
     assert "agrees_with_prediction" in header and "nan" not in md

@@ -12,11 +12,15 @@ DS_AUDIT_GROUPS = expand(
     version=DS_AUDIT_CFG["matrix"]["versions"],
     ranks=DS_AUDIT_CFG["matrix"]["ranks"],
 )
+# A3's "about 2/N" is gradient alignment: measured on real SFT micro-batches by the sft_rl study (its first model),
+# read here as a file.
+DS_AUDIT_ALIGNMENT = f"{RESULTS}/sft_rl/{config['sft_rl']['models'][0]['name']}/alignment/seed0/metrics.json"
 DS_AUDIT_TABLES = [f"{TABLES}/ds_fault_matrix.csv", f"{TABLES}/ds_fault_matrix.md",
-                   f"{TABLES}/loss_aggregation.csv", f"{TABLES}/loss_aggregation.md"]
+                   f"{TABLES}/loss_aggregation.csv", f"{TABLES}/loss_aggregation.md",
+                   f"{TABLES}/ds_norm_alignment.csv", f"{TABLES}/ds_norm_alignment.md"]
 DS_AUDIT_FIGURES = [f"{FIGURES}/ds_fault_matrix.png", f"{FIGURES}/loss_aggregation.png"]
 
-STUDY_RUNS["ds_audit"] = DS_AUDIT_GROUPS + [f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json"]
+STUDY_RUNS["ds_audit"] = DS_AUDIT_GROUPS + [f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json", DS_AUDIT_ALIGNMENT]
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/ds_audit.json")
 REPORT_TARGETS.extend(DS_AUDIT_TABLES + DS_AUDIT_FIGURES)
 
@@ -70,6 +74,7 @@ rule ds_audit_tables:
     input:
         groups=DS_AUDIT_GROUPS,
         loss=f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json",
+        alignment=DS_AUDIT_ALIGNMENT,
     output:
         matrix_csv=report(f"{TABLES}/ds_fault_matrix.csv", category="ds_audit"),
         matrix_md=report(f"{TABLES}/ds_fault_matrix.md", category="ds_audit"),
@@ -77,6 +82,8 @@ rule ds_audit_tables:
         loss_csv=report(f"{TABLES}/loss_aggregation.csv", category="ds_audit"),
         loss_md=report(f"{TABLES}/loss_aggregation.md", category="ds_audit"),
         loss_png=report(f"{FIGURES}/loss_aggregation.png", category="ds_audit"),
+        alignment_csv=f"{TABLES}/ds_norm_alignment.csv",
+        alignment_md=report(f"{TABLES}/ds_norm_alignment.md", category="ds_audit"),
         evidence=f"{RESULTS}/claims/ds_audit.json",
     params:
         gf=GF,
@@ -92,7 +99,8 @@ rule ds_audit_tables:
     shell:
         "{params.gf} ds-audit-tables --groups {input.groups} --loss {input.loss} --matrix-csv {output.matrix_csv} "
         "--matrix-md {output.matrix_md} --matrix-png {output.matrix_png} --loss-csv {output.loss_csv} "
-        "--loss-md {output.loss_md} --loss-png {output.loss_png} --evidence {output.evidence} "
+        "--loss-md {output.loss_md} --loss-png {output.loss_png} --alignment {input.alignment} "
+        "--alignment-csv {output.alignment_csv} --alignment-md {output.alignment_md} --evidence {output.evidence} "
         "--scale {params.scale} > {log} 2>&1"
 
 

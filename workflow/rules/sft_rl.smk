@@ -3,6 +3,7 @@
 #   results/<scale>/sft_rl/<model>/base/seed0/                  base model (pretrained on unlabeled task text), shared
 #   results/<scale>/sft_rl/<model>/<variant>/sft/seed<k>/       SFT; ds_bug/both run under {DS0189_ENV}
 #   results/<scale>/sft_rl/<model>/<variant>/<method>/seed<k>/  rl, sft_then_rl, luffy, srft, relift, hpt (GRPO-based)
+#   results/<scale>/sft_rl/<model>/alignment/seed0/              micro-batch gradient Gram matrices (read by ds_audit A3)
 # Checkpoints are shared through rule outputs: every SFT-then-RL reads its SFT run, every method the base model.
 from gradfidelity.studies.sft_rl import plan as sft_rl_plan
 from gradfidelity.studies.sft_rl.workflow import deepspeed_env as sft_rl_ds_env, job_cfg as sft_rl_job_cfg
@@ -65,6 +66,30 @@ rule sft_rl_sft:
     shell:
         "{params.env} {params.gf} sft-rl-sft --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
         "--seed {wildcards.seed} --base $(dirname {input.base}) --out $(dirname {output}) > {log} 2>&1"
+
+
+rule sft_rl_alignment:
+    # Exported for ds_audit's A3: Gram matrices of the per-micro-batch gradients of SFT's first windows at the base model.
+    input:
+        base=f"{RESULTS}/sft_rl/{{model}}/base/seed0/metrics.json",
+    output:
+        f"{RESULTS}/sft_rl/{{model}}/alignment/seed0/metrics.json",
+    params:
+        gf=GF,
+        cfg=sft_rl_job_cfg(SFT_RL, "alignment"),
+    log:
+        f"{RESULTS}/sft_rl/logs/{{model}}_alignment.log",
+    benchmark:
+        f"{RESULTS}/sft_rl/{{model}}/alignment/seed0/benchmark.tsv"
+    conda:
+        CONDA_ENV
+    threads: SFT_RL["threads"]
+    resources:
+        mem_mb=SFT_RL["slurm"]["mem_mb"],
+        runtime=SFT_RL["slurm"]["runtime_min"],
+    shell:
+        "{params.gf} sft-rl-alignment --cfg {params.cfg} --model {wildcards.model} --base $(dirname {input.base}) "
+        "--out $(dirname {output}) > {log} 2>&1"
 
 
 rule sft_rl_rl:

@@ -29,11 +29,14 @@ def git_state(cwd: str | os.PathLike | None = None) -> dict:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
                              check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip() != ""
-        return {"git_sha": sha, "git_dirty": dirty}
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                                capture_output=True, text=True, check=True, timeout=10).stdout
+        # Which tracked files differ from HEAD, so a reader can tell an edit of the run's own code from an
+        # unrelated one (a dirty flag alone cannot).
+        changed = sorted(line[3:] for line in status.splitlines() if line.strip())
+        return {"git_sha": sha, "git_dirty": bool(changed), "git_dirty_files": changed}
     except (OSError, subprocess.SubprocessError):
-        return {"git_sha": "unknown", "git_dirty": None}
+        return {"git_sha": "unknown", "git_dirty": None, "git_dirty_files": None}
 
 
 def package_versions() -> dict:

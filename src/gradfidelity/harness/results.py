@@ -71,6 +71,7 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
         row = {"run_id": record["run_dir"], "study": record.get("study"), "scale": record.get("scale"),
                "seed": record.get("seed"), "status": record["status"],
                "git_sha": prov.get("git_sha"), "git_dirty": prov.get("git_dirty"),
+               "git_dirty_files": " ".join(prov.get("git_dirty_files") or []),
                "cpu_model": (prov.get("machine") or {}).get("cpu_model"),
                "cpu_count": (prov.get("machine") or {}).get("cpu_count"),
                "torch_num_threads": (prov.get("threads") or {}).get("torch_num_threads"),

@@ -124,21 +124,35 @@ def _bug_pattern(row, ga: int) -> bool:
     return True
 
 
-def a3(df: pd.DataFrame, tables: Sequence[str] = (), ga: int = 8) -> dict:
+def _alignment_detail(align: dict | None) -> str:
+    if not align:
+        return "real SFT micro-batches: not measured"
+    return (f"on real SFT micro-batches (sft_rl task, {align['model']}, micro-batch {align['micro_batch_size']}, "
+            f"N = {round(2 / align['two_over_n'])}, {align['windows']} windows) ||g0 + g(N-1)|| / ||sum g_i|| = "
+            f"{align['mean']:.3f} [{align['low']:.3f}, {align['high']:.3f}] = {align['over_two_over_n']:.2f} x 2/N "
+            f"(2/N = {align['two_over_n']:.3f} if all gradients were equal, sqrt(2/N) = {align['orthogonal']:.3f} "
+            f"if orthogonal; mean pairwise cosine {align['mean_cosine']:.3f})")
+
+
+def a3(df: pd.DataFrame, tables: Sequence[str] = (), ga: int = 8, alignment: dict | None = None) -> dict:
     """The mechanism: on 0.18.9 ZeRO-2 + offload GA `ga` rows the reported norm is the norm of the kept micro-batches
     g0 + g(N-1) (part `norm`: max |reported / ||g0 + g(N-1)|| - 1| over rows and steps), and clipping scales by the
     coefficient of that norm (part `clip`: max |clip applied - min(1, threshold / ||g0 + g(N-1)||)| on the active
     clipping rows, where the full gradient's norm is twice the threshold). Gated on the rows actually showing the
     bug (else the kept and the full gradient coincide and nothing is tested) and on the clipping rows discriminating
     (the full gradient's coefficient differs from the partial one's). The "about 2/N" of the paper is a property of
-    how aligned the micro-batch gradients are, not of DeepSpeed: the probe's reported/true ratio over 2/N is in the
-    detail for what it is."""
+    how aligned the micro-batch gradients are, not of DeepSpeed: `alignment` (the summary of ds_audit.alignment on
+    the sft_rl study's real SFT micro-batches) and the probe's reported/true ratio over 2/N are in the detail for
+    what they are, never in the verdict."""
     base = df[(df.deepspeed == "0.18.9") & (df.zero_stage == 2) & (df.offload != "none") & (df.ga == ga)
               & (df.backward_calls == 1)]
     norm_rows, clip_rows = _ran(base[base.clip_mode == "off"]), _ran(base[base.clip_mode == "active"])
-    src = _sources(base, tables)
+    src = _sources(base, tables) + list((alignment or {}).get("sources", []))
+    about = _alignment_detail(alignment)
+
     def none(why: str) -> dict:  # a parts claim keeps its parts when nothing is measured
-        return with_parts({k: not_measured(why, sources=src) for k in ("norm", "clip")}, detail=why, sources=src)
+        return with_parts({k: not_measured(why, sources=src) for k in ("norm", "clip")}, detail=f"{why}; {about}",
+                          sources=src)
 
     if norm_rows.empty or clip_rows.empty:
         return none(f"needs 0.18.9 ZeRO-2 + offload GA {ga} rows with clipping off and active; ran: "
@@ -162,8 +176,8 @@ def a3(df: pd.DataFrame, tables: Sequence[str] = (), ga: int = 8) -> dict:
                  detail="clip applied vs min(1, threshold / ||g0 + g(N-1)||) vs the full gradient's: "
                  + ", ".join(f"{a:.4f} / {p:.4f} / {f:.4f}" for a, p, f in coefs))
     return with_parts({"norm": norm, "clip": clip}, gates=gates, sources=src,
-                      detail=f"GA {ga}; reported/true over 2/N on the probe's data (alignment, not DeepSpeed): "
-                      f"{two_over_n}")
+                      detail=f"GA {ga}. 'About 2/N' is gradient alignment, not DeepSpeed: {about}; reported/true "
+                      f"over 2/N on the probe's synthetic data: {two_over_n}")
 
 
 def a4(summ: pd.DataFrame, run_dirs: Sequence[str] = (), tables: Sequence[str] = ()) -> dict:
@@ -186,11 +200,11 @@ def a4(summ: pd.DataFrame, run_dirs: Sequence[str] = (), tables: Sequence[str] =
 
 
 def evidence(matrix: pd.DataFrame, loss_summary: pd.DataFrame, scale: str, *, matrix_tables: Sequence[str] = (),
-             loss_run_dirs: Sequence[str] = (), loss_tables: Sequence[str] = ()) -> dict:
+             loss_run_dirs: Sequence[str] = (), loss_tables: Sequence[str] = (), alignment: dict | None = None) -> dict:
     """The study's evidence file: one record per claim; `matrix` rows carry their `run_dir` (see `_sources`)."""
     t = list(matrix_tables)
     return {"study": "ds_audit", "scale": scale, "values": {
         "A1": a1(matrix, t), "A1-z1-r1": a1_z1(matrix, 1, t), "A1-z1-r2": a1_z1(matrix, 2, t),
-        "A1-7981": a1_7981(matrix, t), "A2": a2(matrix, t), "A3": a3(matrix, t),
+        "A1-7981": a1_7981(matrix, t), "A2": a2(matrix, t), "A3": a3(matrix, t, alignment=alignment),
         "A4": a4(loss_summary, loss_run_dirs, list(loss_tables)),
     }}

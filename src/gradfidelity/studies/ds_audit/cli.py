@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ds-audit-tables", help="(workflow) ds_audit tables, figures and claim evidence")
     p.add_argument("--groups", nargs="+", required=True)
     p.add_argument("--loss", required=True)
-    for k in ("matrix-csv", "matrix-md", "matrix-png", "loss-csv", "loss-md", "loss-png", "evidence", "scale"):
+    p.add_argument("--alignment", required=True, help="the sft_rl alignment run's metrics.json (Gram matrices)")
+    for k in ("matrix-csv", "matrix-md", "matrix-png", "loss-csv", "loss-md", "loss-png", "alignment-csv",
+              "alignment-md", "evidence", "scale"):
         p.add_argument(f"--{k}", required=True)
     p.set_defaults(func=steps.tables)

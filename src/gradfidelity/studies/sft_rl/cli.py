@@ -31,6 +31,13 @@ def _sft(args) -> int:
     return 0
 
 
+def _alignment(args) -> int:
+    from gradfidelity.studies.sft_rl.alignment import run_alignment
+
+    run_alignment(_cfg(args), args.model, Path(args.base), Path(args.out))
+    return 0
+
+
 def _rl(args) -> int:
     from gradfidelity.studies.sft_rl.runs import run_rl
 
@@ -80,6 +87,13 @@ def register(sub) -> None:
     p.add_argument("--init", required=True, help="run directory of the starting model (base or SFT)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_rl)
+
+    p = sub.add_parser("sft-rl-alignment", help="sft_rl: Gram matrices of real SFT micro-batch gradients (for A3)")
+    p.add_argument("--cfg", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--base", required=True, help="run directory of the base model")
+    p.add_argument("--out", required=True, help="run directory")
+    p.set_defaults(func=_alignment)
 
     p = sub.add_parser("sft-rl-aggregate", help="sft_rl: tables, figures and claim evidence from the runs")
     p.add_argument("--cfg", required=True)

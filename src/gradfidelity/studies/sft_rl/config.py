@@ -88,6 +88,7 @@ class StudyConfig:
     threads: int = 1
     checkpoint_every: int = 0     # optimizer steps between HF checkpoints (0: none)
     eval_batch_size: int = 64
+    alignment_windows: int = 16  # SFT windows whose micro-batch gradient Gram matrices ds_audit's A3 reads
     slurm: dict = field(default_factory=dict)   # mem_mb / runtime_min per training job (read by the rules)
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -123,7 +124,8 @@ class StudyConfig:
             deepspeed=DeepSpeedConfig.from_dict(d.get("deepspeed", {})),
             data=DataConfig.from_dict(d.get("data", {})),
             threads=d.get("threads", 1), checkpoint_every=d.get("checkpoint_every", 0),
-            eval_batch_size=d.get("eval_batch_size", 64), slurm=d.get("slurm", {}), raw=d,
+            eval_batch_size=d.get("eval_batch_size", 64),
+            alignment_windows=d.get("alignment_windows", 16), slurm=d.get("slurm", {}), raw=d,
         )
         if not 0 < cfg.rl.truncated_fraction < 1:
             raise UserError(f"sft_rl.rl.truncated_fraction: must be in (0, 1), got {cfg.rl.truncated_fraction}")

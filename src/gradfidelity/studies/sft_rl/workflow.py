@@ -33,11 +33,12 @@ JOB_KEYS = {
     "pretrain": _COMMON + ("pretrain",),
     "sft": _COMMON + ("sft", "deepspeed", "bug_stages"),
     "rl": _COMMON + ("rl", "mixed", "deepspeed", "bug_stages"),
+    "alignment": _COMMON + ("sft", "alignment_windows"),
 }
 
 
 def job_section(cfg: dict, job: str) -> dict:
-    """The sub-sections of the sft_rl config that a `job` (pretrain, sft, rl) depends on."""
+    """The sub-sections of the sft_rl config that a `job` (pretrain, sft, rl, alignment) depends on."""
     return {k: cfg[k] for k in JOB_KEYS[job] if k in cfg}
 
 
