@@ -159,7 +159,9 @@ def run_bench(s: LocalSettings, out: Path) -> dict:
             pair = [(t_ours, ours_step), (t_plain, plain_step)]
             for acc, fn in pair if i % 2 == 0 else reversed(pair):
                 acc.append(_timed_steps(fn, 1))
-    rate = max(rates)  # the machine's capacity: the best probe (a loaded moment only lowers a probe)
+    # Median of rounds on both sides (the definition): a loaded moment moves both medians alike, where the
+    # best probe against a median step would flatter the machine and understate the utilisation.
+    rate = statistics.median(rates)
     fpt = flops_per_token(mcfg, n_params)
     tokens = b["batch_size"] * b["block_size"]
     ours_gflops = fpt * tokens / statistics.median(t_ours) / 1e9
