@@ -33,6 +33,8 @@ def test_identical_gradients_give_two_over_n_and_orthogonal_ones_sqrt():
 def test_degenerate_gram_is_an_error():
     with pytest.raises(UserError, match="degenerate"):
         window_row(np.zeros((4, 4)))
+    with pytest.raises(UserError, match="smallest micro-batch norm 0"):  # one zero gradient: NaN cosines
+        window_row(np.diag([2.0, 1.0, 0.0, 1.0]))
     with pytest.raises(UserError, match="square"):
         window_row(np.ones((2, 2)))
 
@@ -42,16 +44,17 @@ def test_summary_interval_is_scipys_t_interval():
     rows = [window_row(_gram(rng.normal(size=(4, 10)) + 1.0)) for _ in range(6)]
     x = np.array([r["kept_over_full"] for r in rows])
     lo, hi = stats.t.interval(0.95, 5, loc=x.mean(), scale=stats.sem(x))
-    s = summarise(rows)
+    s = summarise(rows, 0.95)
     assert (s["mean"], s["low"], s["high"], s["windows"]) == pytest.approx((x.mean(), lo, hi, 6))
     assert s["over_two_over_n"] == pytest.approx(x.mean() / 0.5)
     with pytest.raises(UserError, match=">= 2 windows"):
-        summarise(rows[:1])
+        summarise(rows[:1], 0.95)
 
 
 def test_tables_name_the_reference_points(tmp_path):
     grams = [_gram(np.eye(4)).tolist(), _gram(np.eye(4) + 0.5).tolist()]
-    summ = write_tables({"grams": grams, "model": "m", "micro_batch_size": 2}, tmp_path / "a.csv", tmp_path / "a.md")
+    summ = write_tables({"grams": grams, "model": "m", "micro_batch_size": 2}, tmp_path / "a.csv", tmp_path / "a.md",
+                        level=0.95)
     md = (tmp_path / "a.md").read_text()
     assert "2/N = 0.500" in md and "sqrt(2/N) = 0.707" in md and summ["windows"] == 2
     assert (tmp_path / "a.csv").read_text().count("\n") == 3

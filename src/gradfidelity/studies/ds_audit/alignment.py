@@ -30,32 +30,34 @@ def window_row(gram: np.ndarray) -> dict:
     if g.ndim != 2 or g.shape != (n, n) or n < 3:
         raise UserError(f"alignment: expected a square Gram matrix of N >= 3 micro-batches, got shape {g.shape}")
     full, kept = g.sum(), g[0, 0] + 2 * g[0, n - 1] + g[n - 1, n - 1]
-    if not (full > 0 and kept >= 0 and np.isfinite(g).all()):
-        raise UserError(f"alignment: degenerate Gram matrix (full squared norm {full:g}, kept {kept:g})")
-    norms = np.sqrt(np.diag(g))
+    norms = np.sqrt(np.clip(np.diag(g), 0, None))
+    if not (np.isfinite(g).all() and full > 0 and kept >= 0 and (norms > 0).all()):
+        # a zero micro-batch gradient (e.g. no label tokens) would make the cosines NaN and the spread infinite
+        raise UserError(f"alignment: degenerate Gram matrix (full squared norm {full:g}, kept {kept:g}, "
+                        f"smallest micro-batch norm {norms.min():g})")
     cos = g / np.outer(norms, norms)
     return {"n_micro": n, "kept_over_full": math.sqrt(kept / full), "two_over_n": 2 / n,
             "orthogonal": math.sqrt(2 / n), "mean_cosine": float(cos[np.triu_indices(n, 1)].mean()),
             "norm_spread": float(norms.max() / norms.min())}
 
 
-def summarise(rows: list[dict], level: float = 0.95) -> dict:
-    """Mean kept/full ratio over windows with its t interval, and that mean over 2/N."""
+def summarise(rows: list[dict], level: float) -> dict:
+    """Mean kept/full ratio over windows with its t interval at `level`, and that mean over 2/N."""
     x = np.array([r["kept_over_full"] for r in rows])
     if len(x) < 2:
         raise UserError(f"alignment: need >= 2 windows for an interval, got {len(x)}")
-    mean_x = x.mean()
-    lo, hi = stats.t.interval(level, len(x) - 1, loc=mean_x, scale=stats.sem(x))
     mean, two_over_n = float(x.mean()), rows[0]["two_over_n"]
-    return {"windows": len(x), "mean": mean, "low": float(lo), "high": float(hi), "level": level,
-            "two_over_n": two_over_n, "orthogonal": rows[0]["orthogonal"], "over_two_over_n": mean / two_over_n,
+    lo, hi = stats.t.interval(level, len(x) - 1, loc=mean, scale=stats.sem(x))
+    return {"windows": len(x), "n_micro": rows[0]["n_micro"], "mean": mean, "low": float(lo), "high": float(hi),
+            "level": level, "two_over_n": two_over_n, "orthogonal": rows[0]["orthogonal"],
+            "over_two_over_n": mean / two_over_n,
             "mean_cosine": float(np.mean([r["mean_cosine"] for r in rows]))}
 
 
-def write_tables(metrics: dict, csv: Path, md: Path) -> dict:
-    """Per-window rows to csv/md; returns the summary (with the run's provenance fields)."""
+def write_tables(metrics: dict, csv: Path, md: Path, level: float) -> dict:
+    """Per-window rows to csv/md; returns the summary (with the run's model and micro-batch size)."""
     rows = [{"window": i, **window_row(np.array(g))} for i, g in enumerate(metrics["grams"])]
-    summ = {**summarise(rows), "model": metrics["model"], "micro_batch_size": metrics["micro_batch_size"]}
+    summ = {**summarise(rows, level), "model": metrics["model"], "micro_batch_size": metrics["micro_batch_size"]}
     notes = [f"Mean {summ['mean']:.3f} [{summ['low']:.3f}, {summ['high']:.3f}] ({summ['level']:.0%} t interval over "
              f"{summ['windows']} windows) = {summ['over_two_over_n']:.2f} x 2/N; 2/N = {summ['two_over_n']:.3f} "
              f"(identical gradients), sqrt(2/N) = {summ['orthogonal']:.3f} (orthogonal, equal norms); mean pairwise "
@@ -64,5 +66,5 @@ def write_tables(metrics: dict, csv: Path, md: Path) -> dict:
              "(the fault matrix); this table says how far the paper's 'about 2/N' holds on this task."]
     write_table(pd.DataFrame(rows), csv, md, notes=notes,
                 title=f"||g0 + g(N-1)|| / ||sum g_i|| on real SFT micro-batches (sft_rl task, base model "
-                      f"{summ['model']}, micro-batch {summ['micro_batch_size']}, N = {rows[0]['n_micro']})")
+                      f"{summ['model']}, micro-batch {summ['micro_batch_size']}, N = {summ['n_micro']})")
     return summ

@@ -128,7 +128,7 @@ def _alignment_detail(align: dict | None) -> str:
     if not align:
         return "real SFT micro-batches: not measured"
     return (f"on real SFT micro-batches (sft_rl task, {align['model']}, micro-batch {align['micro_batch_size']}, "
-            f"N = {round(2 / align['two_over_n'])}, {align['windows']} windows) ||g0 + g(N-1)|| / ||sum g_i|| = "
+            f"N = {align['n_micro']}, {align['windows']} windows) ||g0 + g(N-1)|| / ||sum g_i|| = "
             f"{align['mean']:.3f} [{align['low']:.3f}, {align['high']:.3f}] = {align['over_two_over_n']:.2f} x 2/N "
             f"(2/N = {align['two_over_n']:.3f} if all gradients were equal, sqrt(2/N) = {align['orthogonal']:.3f} "
             f"if orthogonal; mean pairwise cosine {align['mean_cosine']:.3f})")

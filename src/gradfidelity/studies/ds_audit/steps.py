@@ -66,6 +66,7 @@ def _ok_runs(paths: list[str], scale: str) -> list[dict]:
 
 
 def tables(args) -> int:
+    from gradfidelity.claims.evidence import level_for
     from gradfidelity.harness.io import atomic_write_json
     from gradfidelity.studies.ds_audit import alignment, claims, tables
     from gradfidelity.studies.ds_audit.ds_step import DSCase
@@ -83,7 +84,8 @@ def tables(args) -> int:
     summ = tables.write_loss_tables(loss_run["metrics"]["rows"], Path(args.loss_csv), Path(args.loss_md))
     tables.plot_loss(summ, Path(args.loss_png))
     (align_run,) = _ok_runs([args.alignment], args.scale)
-    align = alignment.write_tables(align_run["metrics"], Path(args.alignment_csv), Path(args.alignment_md))
+    align = alignment.write_tables(align_run["metrics"], Path(args.alignment_csv), Path(args.alignment_md),
+                                   level=level_for("A3"))
     align["sources"] = [align_run["run_dir"], args.alignment_csv, args.alignment_md]
     atomic_write_json(args.evidence, claims.evidence(
         df, summ, args.scale, matrix_tables=[args.matrix_csv, args.matrix_md], loss_run_dirs=[loss_run["run_dir"]],
