@@ -68,8 +68,10 @@ def test_nested_command_line_override_gives_numbers():
 
 
 @pytest.mark.parametrize("entry,key", [("bogus_key=1", "'bogus_key'"),
-                                       ("local={train: {stepz: 10}}", "'local.train.stepz'")])
-def test_unknown_key_at_any_depth_fails_before_any_job(entry, key):
+                                       ("local={train: {stepz: 10}}", "'local.train.stepz'"),
+                                       # one window gives A3's alignment no interval: refused before any work
+                                       ("sft_rl={alignment_windows: 1}", "'sft_rl.alignment_windows'")])
+def test_bad_key_at_any_depth_fails_before_any_job(entry, key):
     res = _smk("-n", "--config", entry)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and key in out and "Job stats" not in out
