@@ -21,7 +21,7 @@ rule local_corpus_pydocs:
         gf=GF,
         md5=LOCAL_PYDOCS_MD5,
     log:
-        f"{RESULTS}/logs/local/corpus_pydocs.log",
+        f"{RESULTS}/local/logs/corpus_pydocs.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -44,7 +44,7 @@ rule local_data:
         gf=GF,
         cfg=study_cfg("local", "corpora"),  # only the corpora: a training change must not redo the data
     log:
-        f"{RESULTS}/logs/local/data_{{corpus}}.log",
+        f"{RESULTS}/local/logs/data_{{corpus}}.log",
     conda:
         CONDA_ENV
     threads: 1

@@ -72,7 +72,7 @@ for _group, _methods in LOCAL_GROUPS.items():
             env=LOCAL_ENV,
             root=study_root("local"),
         log:
-            f"{RESULTS}/logs/local/{_group}_{{corpus}}_w{{width}}_seed{{seed}}.log",
+            f"{RESULTS}/local/logs/{_group}_{{corpus}}_w{{width}}_seed{{seed}}.log",
         benchmark:
             f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_{_group}_seed{{seed}}.tsv"
         conda:
@@ -96,7 +96,7 @@ rule local_aggregate:
         gf=GF,
         scale=SCALE,
     log:
-        f"{RESULTS}/logs/local/aggregate.log",
+        f"{RESULTS}/local/logs/aggregate.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -119,7 +119,7 @@ rule local_tables:
         gf=GF,
         cfg=LOCAL_CFG,
     log:
-        f"{RESULTS}/logs/local/tables.log",
+        f"{RESULTS}/local/logs/tables.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -141,7 +141,7 @@ rule local_figures:
         gf=GF,
         cfg=LOCAL_CFG,
     log:
-        f"{RESULTS}/logs/local/figures.log",
+        f"{RESULTS}/local/logs/figures.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -165,7 +165,7 @@ rule local_claims:
         cfg=LOCAL_CFG,
         scale=SCALE,
     log:
-        f"{RESULTS}/logs/local/claims.log",
+        f"{RESULTS}/local/logs/claims.log",
     conda:
         CONDA_ENV
     threads: 1
@@ -185,7 +185,7 @@ rule local_bench:
         env=LOCAL_ENV,
         cfg=study_cfg("local"),
     log:
-        f"{RESULTS}/logs/local/bench.log",
+        f"{RESULTS}/local/logs/bench.log",
     benchmark:
         f"{RESULTS}/bench/local_benchmark.tsv"
     conda:
