@@ -1,9 +1,12 @@
-"""Claim evidence A5-A9 on hand-made run directories: each claim where it holds, where it is false, with too few
-seeds, with a diverged run and with a failed `reference_learned` gate; tables that show diverged runs."""
+"""The sft_rl aggregate, tables and claim evidence A5-A9 on hand-made run directories: each claim where it holds,
+where it is false, with too few seeds, with a diverged run and with a failed `reference_learned` gate; tables that
+show diverged runs; an aggregation that reads the runs' stored metadata, not their paths."""
 
 import zlib
 
 import jsonschema
+import numpy as np
+import pandas as pd
 import pytest
 
 from gradfidelity.claims.evidence import RECORD_SCHEMA
@@ -20,8 +23,12 @@ from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.results import load_run_records
 from gradfidelity.studies.sft_rl import aggregate as agg
+from gradfidelity.studies.sft_rl import claims as claims_mod
 from gradfidelity.studies.sft_rl import plan
+from gradfidelity.studies.sft_rl.baseline import CONSTANT, GATE, constant_baseline
 from gradfidelity.studies.sft_rl.config import StudyConfig
+from gradfidelity.studies.sft_rl.figures import write_figures
+from gradfidelity.studies.sft_rl.tables import write_tables
 
 SCALE = "cpu"
 ROWS = {row["id"]: row for row in load_registry() if row["study"] == "sft_rl"}
@@ -84,18 +91,27 @@ def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE) -> lis
             rec = {"status": "ok", "metrics": m}
         atomic_write_json(path, {**rec, "study": "sft_rl", "scale": scale, "seed": seed, "threads": 1,
                                  "timing": {}})
+        stage = {"stage": "sft"} if method == "sft" else {"stage": "rl", "method": method}
+        atomic_write_json(path.replace("metrics.json", "provenance.json"),
+                          {"config": {**stage, "model": path.split("/")[-5], "variant": variant}})
     return paths
+
+
+def tables_of(tmp_path) -> dict:
+    t = tmp_path / "paper_tables"
+    return {"main": [t / "sft_rl_main.csv", t / "sft_rl_main.md"],
+            "ablation": [t / "sft_rl_bug_ablation.csv", t / "sft_rl_bug_ablation.md"]}
 
 
 def evidence(tmp_path, cfg, **kw) -> dict:
     root = tmp_path / "results" / "sft_rl"
     paths = write_runs(root, cfg, **kw)
-    df = agg.collect(cfg, load_run_records(paths, scale=SCALE), root)
-    ev = agg.claims(df, cfg, SCALE, agg.constant_baseline(cfg), tmp_path / "paper_tables")
+    df = agg.collect(cfg, load_run_records(paths, scale=SCALE))
+    ev = claims_mod.claims(df, cfg, SCALE, tables_of(tmp_path), constant_baseline(cfg))
     assert ev["study"] == "sft_rl" and ev["scale"] == SCALE and set(ev["values"]) == set(ROWS)
     for rec in ev["values"].values():
         jsonschema.validate(rec, RECORD_SCHEMA)
-        assert rec["sources"] and [g["name"] for g in rec["gates"]] == [agg.GATE]
+        assert rec["sources"] and [g["name"] for g in rec["gates"]] == [GATE]
     return ev["values"]
 
 
@@ -180,7 +196,7 @@ def test_reference_gate_fails_when_sft_learned_nothing(tmp_path_factory, cid):
     acc = {("fixed", "sft"): 25.0, ("ds_bug", "sft"): 15.0, ("agg_bug", "sft"): 20.0}
     values = evidence(tmp_path_factory.mktemp(f"gate{cid}"), _cfg([0, 1, 2]), acc=acc)
     v, why = verdict(values, cid)
-    assert v == NOT_MEASURED and f"gate failed: {agg.GATE}" in why and "constant answer" in why
+    assert v == NOT_MEASURED and f"gate failed: {GATE}" in why and "constant answer" in why
 
 
 def test_constant_baseline_is_the_most_frequent_answer():
@@ -189,7 +205,7 @@ def test_constant_baseline_is_the_most_frequent_answer():
     from gradfidelity.studies.sft_rl.task import make_split
 
     cfg = _cfg([0])
-    base = agg.constant_baseline(cfg)
+    base = constant_baseline(cfg)
     answers = Counter(p.answer for p in make_split(cfg.task, "id"))
     assert base["sets"]["id"]["acc"] == pytest.approx(100 * max(answers.values()) / TASK["n_eval"])
     assert answers[base["sets"]["id"]["answer"]] == max(answers.values())
@@ -201,10 +217,16 @@ def test_aggregate_writes_tables_that_show_diverged_runs(tmp_path):
     paths = write_runs(root, cfg, diverged={("ds_bug", "sft", 1), ("fixed", "hpt", 0), ("fixed", "hpt", 1),
                                             ("fixed", "hpt", 2)})
     tables, ev_path = tmp_path / "paper_tables", tmp_path / "claims" / "sft_rl.json"
-    agg.aggregate(cfg, paths, SCALE, tables, tmp_path / "figures", ev_path)
+    agg.write_aggregate(cfg, paths, SCALE, tmp_path / "aggregate.csv")
+    df = agg.read_aggregate(tmp_path / "aggregate.csv")
+    t = tables_of(tmp_path)
+    write_tables(df, cfg, *t["main"], *t["ablation"])
+    write_figures(df, cfg, tmp_path / "figures" / "a.png", tmp_path / "figures" / "b.png")
+    assert (tmp_path / "figures" / "a.png").stat().st_size > 0 and (tmp_path / "figures" / "b.png").exists()
+    atomic_write_json(ev_path, claims_mod.claims(df, cfg, SCALE, t))
     main = (tables / "sft_rl_main.md").read_text()
     abl = (tables / "sft_rl_bug_ablation.md").read_text()
-    assert "diverged (3/3)" in main and agg.CONSTANT in main
+    assert "diverged (3/3)" in main and CONSTANT in main
     assert "(1/3 diverged)" in abl
     study = load_evidence([ev_path], SCALE)["sft_rl"]
     a8 = study["values"]["A8"]
@@ -213,7 +235,8 @@ def test_aggregate_writes_tables_that_show_diverged_runs(tmp_path):
     assert any(s.endswith("fixed/luffy/seed0") for s in a8["sources"])
     assert study["values"]["A7"]["parts"]["vs_hpt"]["estimate"] is None
     with pytest.raises(UserError, match="scale"):
-        agg.aggregate(cfg, paths, "smoke", tables, tmp_path / "figures", ev_path)
+        agg.write_aggregate(cfg, paths, "smoke", tmp_path / "other.csv")
+    assert not (tmp_path / "other.csv").exists()
 
 
 def test_missing_run_is_an_error(tmp_path):
@@ -221,7 +244,46 @@ def test_missing_run_is_an_error(tmp_path):
     root = tmp_path / "results" / "sft_rl"
     paths = write_runs(root, cfg)
     with pytest.raises(UserError, match="missing run"):
-        agg.collect(cfg, load_run_records(paths[1:], scale=SCALE), root)
+        agg.collect(cfg, load_run_records(paths[1:], scale=SCALE))
+
+
+def test_aggregate_reads_stored_metadata_not_paths(tmp_path):
+    """Run directories renamed at random aggregate to the same table cells: the cell of a run is its provenance."""
+    import shutil
+
+    cfg = _cfg([0, 1, 2])
+    paths = write_runs(tmp_path / "results" / "sft_rl", cfg)
+    want = agg.collect(cfg, load_run_records(paths, scale=SCALE))
+    moved = []
+    for i, path in enumerate(reversed(paths)):
+        dst = tmp_path / "elsewhere" / f"run{i}"
+        shutil.copytree(path.removesuffix("/metrics.json"), dst)
+        moved.append(str(dst / "metrics.json"))
+    got = agg.collect(cfg, load_run_records(moved, scale=SCALE))
+    cols = [c for c in got.columns if c != "run"]
+    pd.testing.assert_frame_equal(got[cols], want[cols])
+    assert all("elsewhere" in r for r in got.run)
+    dup = next(p for p in paths if p.endswith("/fixed/sft/seed0/metrics.json"))
+    with pytest.raises(UserError, match="two runs of m/fixed/sft/0"):
+        agg.collect(cfg, load_run_records(moved + [dup], scale=SCALE))
+    (tmp_path / "elsewhere" / "run0" / "provenance.json").unlink()
+    with pytest.raises(UserError, match="provenance.json does not exist"):
+        agg.collect(cfg, load_run_records(moved, scale=SCALE))
+
+
+def test_tidy_csv_round_trip(tmp_path):
+    cfg = _cfg([0, 1, 2])
+    paths = write_runs(tmp_path / "results" / "sft_rl", cfg, diverged={("fixed", "hpt", 1)})
+    df = agg.write_aggregate(cfg, paths, SCALE, tmp_path / "aggregate.csv")
+    back = agg.read_aggregate(tmp_path / "aggregate.csv")
+    assert list(back.columns) == list(agg.COLUMNS) and len(back) == len(df)
+    for k in ("acc_macro", "nll_id", "flops"):
+        np.testing.assert_array_equal(back[k].to_numpy(float), df[k].to_numpy(float))
+    assert back.loc[back.method == "rl", "reward_history"].iloc[0] == [0.1, 0.2]
+    assert (back.loc[(back.method == "hpt") & (back.seed == 1), "status"] == "diverged").all()
+    assert set(back.loc[(back.variant == "both") & (back.method == "rl"), "run_variant"]) == {"fixed"}
+    with pytest.raises(UserError, match="does not exist"):
+        agg.read_aggregate(tmp_path / "nope.csv")
 
 
 def test_diverged_run_behind_every_part_is_counted_once(tmp_path):
@@ -262,7 +324,7 @@ def test_a8_one_small_lead_is_not_enough_after_holm(tmp_path):
 
 
 def test_holm_hand_example():
-    assert agg._holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+    assert claims_mod._holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
 
 
 def test_a6_uses_absolute_effects(holds):

@@ -17,7 +17,8 @@ import pytest
 from trl import GRPOTrainer
 
 from gradfidelity.harness.io import read_json
-from gradfidelity.studies.sft_rl import models, runs
+from gradfidelity.studies.sft_rl import models
+from gradfidelity.studies.sft_rl import train as training
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import is_correct, make_split
 
@@ -43,7 +44,7 @@ def setup(tmp_path_factory):
     tok = models.build_tokenizer()
     models.save_checkpoint(models.build_tiny_model(cfg.models[0], tok, seed=0), tok, root / "base" / "model")
     (root / "base" / "metrics.json").write_text('{"status": "ok", "metrics": {"flops": 0.0}}')
-    sft = runs.run_sft(cfg, "t", "fixed", 0, root / "base", root / "sft")
+    sft = training.run_sft(cfg, "t", "fixed", 0, root / "base", root / "sft")
     return cfg, root, tok, sft
 
 
@@ -104,7 +105,7 @@ def test_rl_step_matches_hand_count(setup, monkeypatch, method):
     cfg, root, tok, sft = setup
     seen = _spy(monkeypatch)
     init = root / ("sft" if method == "sft_then_rl" else "base")
-    m = runs.run_rl(cfg, "t", "fixed", method, 0, init, root / method)
+    m = training.run_rl(cfg, "t", "fixed", method, 0, init, root / method)
     assert len(seen) == 1 and len(seen[0]["inputs"]) == PROMPTS * G
     train, gen = _hand_count(method, seen[0], tok)
     assert (m["train_tokens"], m["gen_tokens"]) == (train, gen)
@@ -118,7 +119,7 @@ def test_hpt_and_srft_demo_forward_is_once_per_prompt(setup, monkeypatch):
     """The G-fold copy is gone: SRFT's extra training tokens are PROMPTS demonstrations, not PROMPTS x G."""
     cfg, root, tok, _ = setup
     seen = _spy(monkeypatch)
-    m = runs.run_rl(cfg, "t", "fixed", "srft", 0, root / "base", root / "srft_once")
+    m = training.run_rl(cfg, "t", "fixed", "srft", 0, root / "base", root / "srft_once")
     rows = seen[0]["inputs"]
     rollouts = sum(len(x["prompt"]) + int(c.sum()) for x, c in zip(rows, seen[0]["completion_mask"], strict=True))
     demos_once = sum(len(rows[i]["prompt"]) + len(rows[i]["solution"]) + 1 for i in range(0, len(rows), G))

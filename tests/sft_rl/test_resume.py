@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from gradfidelity.studies.sft_rl import models, runs
+from gradfidelity.studies.sft_rl import models
+from gradfidelity.studies.sft_rl import train as training
 from gradfidelity.studies.sft_rl.config import StudyConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
@@ -33,23 +34,23 @@ def test_kill_and_rerun_gives_identical_metrics(tmp_path, monkeypatch):
     tok = models.build_tokenizer()
     models.save_checkpoint(models.build_tiny_model(cfg.models[0], tok, seed=0), tok, tmp_path / "base" / "model")
 
-    straight = runs.run_sft(cfg, "t", "fixed", 0, tmp_path / "base", tmp_path / "straight")
+    straight = training.run_sft(cfg, "t", "fixed", 0, tmp_path / "base", tmp_path / "straight")
 
-    original = runs.HarnessCallback.on_step_end
+    original = training.HarnessCallback.on_step_end
 
     def kill_at_3(self, args, state, control, **kw):
         if state.global_step == 3:
             raise SimulatedKill
         return original(self, args, state, control, **kw)
 
-    monkeypatch.setattr(runs.HarnessCallback, "on_step_end", kill_at_3)
+    monkeypatch.setattr(training.HarnessCallback, "on_step_end", kill_at_3)
     with pytest.raises(SimulatedKill):
-        runs.run_sft(cfg, "t", "fixed", 0, tmp_path / "base", tmp_path / "killed")
+        training.run_sft(cfg, "t", "fixed", 0, tmp_path / "base", tmp_path / "killed")
     assert not (tmp_path / "killed" / "metrics.json").exists()
     assert (tmp_path / "killed" / "trainer" / "checkpoint-2").is_dir()
-    monkeypatch.setattr(runs.HarnessCallback, "on_step_end", original)
+    monkeypatch.setattr(training.HarnessCallback, "on_step_end", original)
 
-    resumed = runs.run_sft(cfg, "t", "fixed", 0, tmp_path / "base", tmp_path / "killed")
+    resumed = training.run_sft(cfg, "t", "fixed", 0, tmp_path / "base", tmp_path / "killed")
     prov = json.loads((tmp_path / "killed" / "provenance.json").read_text())
     assert prov["resumed_from_step"] == 2
     assert len(straight["loss_history"]) == 4
@@ -68,23 +69,23 @@ def test_grpo_mixed_policy_kill_and_rerun_identical(tmp_path, monkeypatch):
     models.save_checkpoint(models.build_tiny_model(cfg.models[0], tok, seed=0), tok, base / "model")
     (base / "metrics.json").write_text(json.dumps({"status": "ok", "metrics": {"flops": 0.0}}))
 
-    straight = runs.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "straight")
+    straight = training.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "straight")
 
-    original = runs.HarnessCallback.on_step_end
+    original = training.HarnessCallback.on_step_end
 
     def kill_at_3(self, args, state, control, **kw):
         if state.global_step == 3:
             raise SimulatedKill
         return original(self, args, state, control, **kw)
 
-    monkeypatch.setattr(runs.HarnessCallback, "on_step_end", kill_at_3)
+    monkeypatch.setattr(training.HarnessCallback, "on_step_end", kill_at_3)
     with pytest.raises(SimulatedKill):
-        runs.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "killed")
-    monkeypatch.setattr(runs.HarnessCallback, "on_step_end", original)
-    state = json.loads((tmp_path / "killed" / "trainer" / "checkpoint-2" / runs.GF_STATE).read_text())
+        training.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "killed")
+    monkeypatch.setattr(training.HarnessCallback, "on_step_end", original)
+    state = json.loads((tmp_path / "killed" / "trainer" / "checkpoint-2" / training.GF_STATE).read_text())
     assert "buffer" in state and state["tokens"]["gen"] > 0
 
-    resumed = runs.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "killed")
+    resumed = training.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "killed")
     for key in ("reward_history", "loss_history", "train_tokens", "gen_tokens", "flops", "acc_id", "acc_long",
                 "acc_ood"):
         assert resumed[key] == straight[key], key

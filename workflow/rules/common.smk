@@ -92,15 +92,6 @@ def study_root(study):
     return _root
 
 
-def output_dir(name):
-    """params function: the folder of the named output."""
-
-    def _dir(wildcards, output):
-        return os.path.dirname(str(getattr(output, name)))
-
-    return _dir
-
-
 def study_cfg(study, *keys):
     """One study's config section (or a sub-key) as a shell-quoted JSON string for `--cfg {params.cfg}`."""
     node = config[study]

@@ -125,19 +125,11 @@ rule sft_rl_aggregate:
     input:
         SFT_RL_RUNS,
     output:
-        main_csv=f"{TABLES}/sft_rl_main.csv",
-        main_md=report(f"{TABLES}/sft_rl_main.md", category="sft_rl"),
-        abl_csv=f"{TABLES}/sft_rl_bug_ablation.csv",
-        abl_md=report(f"{TABLES}/sft_rl_bug_ablation.md", category="sft_rl"),
-        flops_fig=report(f"{FIGURES}/sft_rl_score_vs_flops.png", category="sft_rl"),
-        reward_fig=report(f"{FIGURES}/sft_rl_reward_curves.png", category="sft_rl"),
-        evidence=f"{RESULTS}/claims/sft_rl.json",
+        f"{RESULTS}/sft_rl/aggregate.csv",
     params:
         gf=GF,
         cfg=study_cfg("sft_rl"),
         scale=SCALE,
-        tables=output_dir("main_csv"),
-        figures=output_dir("flops_fig"),
     log:
         f"{RESULTS}/sft_rl/logs/aggregate.log",
     conda:
@@ -147,8 +139,81 @@ rule sft_rl_aggregate:
         mem_mb=2000,
         runtime=10,
     shell:
-        "{params.gf} sft-rl-aggregate --cfg {params.cfg} --runs {input} --scale {params.scale} --tables {params.tables} "
-        "--figures {params.figures} --evidence {output.evidence} > {log} 2>&1"
+        "{params.gf} sft-rl-aggregate --cfg {params.cfg} --scale {params.scale} --runs {input} --out {output} "
+        "> {log} 2>&1"
+
+
+rule sft_rl_tables:
+    input:
+        f"{RESULTS}/sft_rl/aggregate.csv",
+    output:
+        main_csv=f"{TABLES}/sft_rl_main.csv",
+        main_md=report(f"{TABLES}/sft_rl_main.md", category="sft_rl"),
+        abl_csv=f"{TABLES}/sft_rl_bug_ablation.csv",
+        abl_md=report(f"{TABLES}/sft_rl_bug_ablation.md", category="sft_rl"),
+    params:
+        gf=GF,
+        cfg=study_cfg("sft_rl"),
+    log:
+        f"{RESULTS}/sft_rl/logs/tables.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "{params.gf} sft-rl-tables --cfg {params.cfg} --aggregate {input} --main-csv {output.main_csv} "
+        "--main-md {output.main_md} --abl-csv {output.abl_csv} --abl-md {output.abl_md} > {log} 2>&1"
+
+
+rule sft_rl_figures:
+    input:
+        f"{RESULTS}/sft_rl/aggregate.csv",
+    output:
+        score_vs_flops=report(f"{FIGURES}/sft_rl_score_vs_flops.png", category="sft_rl"),
+        reward_curves=report(f"{FIGURES}/sft_rl_reward_curves.png", category="sft_rl"),
+    params:
+        gf=GF,
+        cfg=study_cfg("sft_rl"),
+    log:
+        f"{RESULTS}/sft_rl/logs/figures.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "{params.gf} sft-rl-figures --cfg {params.cfg} --aggregate {input} "
+        "--score-vs-flops {output.score_vs_flops} --reward-curves {output.reward_curves} > {log} 2>&1"
+
+
+rule sft_rl_claims:
+    input:
+        aggregate=f"{RESULTS}/sft_rl/aggregate.csv",
+        main_csv=f"{TABLES}/sft_rl_main.csv",
+        main_md=f"{TABLES}/sft_rl_main.md",
+        abl_csv=f"{TABLES}/sft_rl_bug_ablation.csv",
+        abl_md=f"{TABLES}/sft_rl_bug_ablation.md",
+    output:
+        f"{RESULTS}/claims/sft_rl.json",
+    params:
+        gf=GF,
+        cfg=study_cfg("sft_rl"),
+        scale=SCALE,
+    log:
+        f"{RESULTS}/sft_rl/logs/claims.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "{params.gf} sft-rl-claims --cfg {params.cfg} --scale {params.scale} --aggregate {input.aggregate} "
+        "--main-csv {input.main_csv} --main-md {input.main_md} --abl-csv {input.abl_csv} --abl-md {input.abl_md} "
+        "--out {output} > {log} 2>&1"
 
 
 rule sft_rl:

@@ -1,5 +1,6 @@
 """Study A, part 2 (arXiv 2604.23747): SFT-then-RL vs mixed-policy methods on fixed and buggy infrastructure.
 
-task.py (verifiable arithmetic task) -> models.py (tiny Qwen2/Llama, local tokenizer) -> runs.py (TRL SFTTrainer /
-GRPOTrainer on DeepSpeed ZeRO-2 + CPU offload, inside the harness Run) -> aggregate.py (tables, figures, claims).
+task.py (verifiable arithmetic task) -> models.py (tiny Qwen2/Llama, local tokenizer) -> train.py (TRL SFTTrainer /
+GRPOTrainer on DeepSpeed ZeRO-2 + CPU offload, inside the harness Run) -> aggregate.py (runs -> tidy CSV) ->
+tables.py, figures.py, claims.py (with baseline.py, the constant-answer gate).
 """

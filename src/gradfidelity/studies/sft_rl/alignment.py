@@ -23,7 +23,7 @@ from gradfidelity.errors import UserError
 from gradfidelity.harness import Run
 from gradfidelity.studies.sft_rl import models
 from gradfidelity.studies.sft_rl.config import StudyConfig
-from gradfidelity.studies.sft_rl.runs import STUDY, _common_args, train_problems
+from gradfidelity.studies.sft_rl.train import STUDY, common_args, train_problems
 
 
 def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
@@ -67,7 +67,7 @@ def sft_trainer(cfg: StudyConfig, base: Path, trainer_dir: Path, seed: int = 0):
     data = Dataset.from_list([{"prompt": p.prompt, "completion": p.solution} for p in train_problems(cfg)])
     args = SFTConfig(per_device_train_batch_size=s.micro_batch_size, gradient_accumulation_steps=s.grad_accum,
                      max_steps=1, learning_rate=s.lr, max_length=256,
-                     **{**_common_args(cfg, trainer_dir, seed), "save_strategy": "no"})
+                     **{**common_args(cfg, trainer_dir, seed), "save_strategy": "no"})
     return GFSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
 
 

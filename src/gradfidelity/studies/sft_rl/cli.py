@@ -15,14 +15,14 @@ def _cfg(args):
 
 
 def _pretrain(args) -> int:
-    from gradfidelity.studies.sft_rl.runs import run_pretrain
+    from gradfidelity.studies.sft_rl.train import run_pretrain
 
     run_pretrain(_cfg(args), args.model, Path(args.out))
     return 0
 
 
 def _sft(args) -> int:
-    from gradfidelity.studies.sft_rl.runs import run_sft
+    from gradfidelity.studies.sft_rl.train import run_sft
 
     cfg = _cfg(args)
     if args.variant not in cfg.variants:
@@ -39,7 +39,7 @@ def _alignment(args) -> int:
 
 
 def _rl(args) -> int:
-    from gradfidelity.studies.sft_rl.runs import run_rl
+    from gradfidelity.studies.sft_rl.train import run_rl
 
     cfg = _cfg(args)
     if args.method not in cfg.methods:
@@ -49,10 +49,47 @@ def _rl(args) -> int:
 
 
 def _aggregate(args) -> int:
-    from gradfidelity.studies.sft_rl.aggregate import aggregate
+    from gradfidelity.studies.sft_rl.aggregate import write_aggregate
 
-    aggregate(_cfg(args), args.runs, args.scale, Path(args.tables), Path(args.figures), Path(args.evidence))
+    write_aggregate(_cfg(args), args.runs, args.scale, Path(args.out))
     return 0
+
+
+def _tables(args) -> int:
+    from gradfidelity.studies.sft_rl.aggregate import read_aggregate
+    from gradfidelity.studies.sft_rl.tables import write_tables
+
+    cfg = _cfg(args)
+    write_tables(read_aggregate(args.aggregate), cfg, *(Path(getattr(args, k)) for k in _TABLE_ARGS))
+    return 0
+
+
+def _figures(args) -> int:
+    from gradfidelity.studies.sft_rl.aggregate import read_aggregate
+    from gradfidelity.studies.sft_rl.figures import write_figures
+
+    cfg = _cfg(args)
+    write_figures(read_aggregate(args.aggregate), cfg, Path(args.score_vs_flops), Path(args.reward_curves))
+    return 0
+
+
+def _claims(args) -> int:
+    from gradfidelity.harness.io import atomic_write_json
+    from gradfidelity.studies.sft_rl.aggregate import read_aggregate
+    from gradfidelity.studies.sft_rl.claims import claims
+
+    cfg = _cfg(args)
+    tables = {"main": [args.main_csv, args.main_md], "ablation": [args.abl_csv, args.abl_md]}
+    atomic_write_json(Path(args.out), claims(read_aggregate(args.aggregate), cfg, args.scale, tables))
+    return 0
+
+
+_TABLE_ARGS = ("main_csv", "main_md", "abl_csv", "abl_md")
+
+
+def _table_paths(p) -> None:
+    for k in _TABLE_ARGS:
+        p.add_argument(f"--{k.replace('_', '-')}", required=True, dest=k)
 
 
 def _probe(args) -> int:
@@ -95,15 +132,33 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="run directory")
     p.set_defaults(func=_alignment)
 
-    p = sub.add_parser("sft-rl-aggregate", help="sft_rl: tables, figures and claim evidence from the runs")
+    p = sub.add_parser("sft-rl-aggregate", help="sft_rl: the runs -> one tidy CSV (one row per table cell and seed)")
     p.add_argument("--cfg", required=True)
-    p.add_argument("--runs", nargs="+", required=True,
-                   help="every run's metrics.json (from plan.planned_runs), all under one results directory")
+    p.add_argument("--runs", nargs="+", required=True, help="every run's metrics.json (the rule's input)")
     p.add_argument("--scale", required=True)
-    p.add_argument("--tables", required=True, help="paper_tables directory")
-    p.add_argument("--figures", required=True, help="figures directory")
-    p.add_argument("--evidence", required=True, help="results/claims/sft_rl.json")
+    p.add_argument("--out", required=True, help="the tidy CSV")
     p.set_defaults(func=_aggregate)
+
+    p = sub.add_parser("sft-rl-tables", help="sft_rl: main and bug-ablation tables from the tidy CSV")
+    p.add_argument("--cfg", required=True)
+    p.add_argument("--aggregate", required=True)
+    _table_paths(p)
+    p.set_defaults(func=_tables)
+
+    p = sub.add_parser("sft-rl-figures", help="sft_rl: score-vs-FLOPs and training-curve figures")
+    p.add_argument("--cfg", required=True)
+    p.add_argument("--aggregate", required=True)
+    p.add_argument("--score-vs-flops", required=True)
+    p.add_argument("--reward-curves", required=True)
+    p.set_defaults(func=_figures)
+
+    p = sub.add_parser("sft-rl-claims", help="sft_rl: claim evidence A5-A9 from the tidy CSV")
+    p.add_argument("--cfg", required=True)
+    p.add_argument("--scale", required=True)
+    p.add_argument("--aggregate", required=True)
+    _table_paths(p)
+    p.add_argument("--out", required=True, help="results/<scale>/claims/sft_rl.json")
+    p.set_defaults(func=_claims)
 
     p = sub.add_parser("sft-rl-probe", help="sft_rl: one SGD step through the SFT trainer + DeepSpeed path")
     p.add_argument("--variant", required=True)

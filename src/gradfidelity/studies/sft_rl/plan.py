@@ -44,13 +44,28 @@ def init_dir(raw: dict, root: str, model: str, variant: str, method: str, seed: 
     return base_dir(root, model)
 
 
-def cell_dir(raw: dict, root: str, model: str, variant: str, method: str, seed: int) -> str:
-    """The run directory a table cell (method x variant) reads."""
+def cell_run(raw: dict, variant: str, method: str) -> tuple[str, str]:
+    """The (variant, method) of the run a table cell (variant x method) reads: the truncated SFT-then-RL reads
+    the sft_then_rl run, and a cell none of whose stages runs on buggy infrastructure reads the fixed run."""
     if method == "sft":
-        return run_dir(root, model, stage_variant(raw, variant, "sft"), "sft", seed)
+        return stage_variant(raw, variant, "sft"), "sft"
     if method == "sft_then_rl_truncated":
         method = "sft_then_rl"
-    return run_dir(root, model, rl_run_variant(raw, method, variant), method, seed)
+    return rl_run_variant(raw, method, variant), method
+
+
+def cell_dir(raw: dict, root: str, model: str, variant: str, method: str, seed: int) -> str:
+    """The run directory a table cell (method x variant) reads."""
+    return run_dir(root, model, *cell_run(raw, variant, method), seed)
+
+
+def table_cells(raw: dict) -> list[tuple[str, str]]:
+    """Every (variant, method) cell of the tables: each table variant x method, plus SFT on every other variant
+    (the bug ablation)."""
+    cells = [(v, m) for v in table_variants(raw) for m in raw["methods"]]
+    if "sft" in raw["methods"]:
+        cells += [(v, "sft") for v in raw["variants"] if v not in TABLE_VARIANTS]
+    return cells
 
 
 def table_variants(raw: dict) -> list[str]:

@@ -17,7 +17,7 @@ import torch
 from gradfidelity.harness.io import atomic_torch_save
 from gradfidelity.studies.sft_rl import models
 from gradfidelity.studies.sft_rl.config import StudyConfig
-from gradfidelity.studies.sft_rl.runs import run_sft
+from gradfidelity.studies.sft_rl.train import run_sft
 
 GA = 8
 PROBE_CFG = {

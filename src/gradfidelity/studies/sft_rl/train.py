@@ -157,7 +157,7 @@ def _resume(trainer, trainer_dir: Path, run: Run) -> tuple[str | None, dict]:
     return ckpt, state.get("extras", {})
 
 
-def _common_args(cfg: StudyConfig, out: Path, seed: int) -> dict:
+def common_args(cfg: StudyConfig, out: Path, seed: int) -> dict:
     save = cfg.checkpoint_every > 0
     return dict(output_dir=str(out / "trainer"), bf16=False, use_cpu=True, report_to=[], logging_steps=1,
                 seed=seed, data_seed=seed, dataloader_num_workers=0, save_strategy="steps" if save else "no",
@@ -201,7 +201,7 @@ def run_pretrain(cfg: StudyConfig, model_name: str, out: Path, seed: int = 0) ->
         data = Dataset.from_list([{"text": t} for t in pretrain_corpus(cfg.task)])
         args = SFTConfig(per_device_train_batch_size=cfg.pretrain.batch_size, max_steps=cfg.pretrain.steps,
                          learning_rate=cfg.pretrain.lr, lr_scheduler_type="cosine", warmup_steps=0.05,
-                         max_length=mcfg.max_position, **_common_args(cfg, out, seed))
+                         max_length=mcfg.max_position, **common_args(cfg, out, seed))
         ref: list = []
         trainer = GFSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
                                callbacks=[HarnessCallback(run, ref)])
@@ -239,7 +239,7 @@ def run_sft(cfg: StudyConfig, model_name: str, variant: str, seed: int, base: Pa
         kwargs = dict(per_device_train_batch_size=s.micro_batch_size, gradient_accumulation_steps=s.grad_accum,
                       max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="cosine", warmup_steps=s.warmup_ratio,
                       max_grad_norm=s.max_grad_norm, weight_decay=s.weight_decay, max_length=256,
-                      deepspeed=infra.ds_config(cfg.deepspeed, s.lr, s.weight_decay), **_common_args(cfg, out, seed))
+                      deepspeed=infra.ds_config(cfg.deepspeed, s.lr, s.weight_decay), **common_args(cfg, out, seed))
         kwargs.update(overrides or {})
         ref: list = []
         trainer = GFSFTTrainer(model=model, args=SFTConfig(**kwargs), train_dataset=data, processing_class=tok,
@@ -306,7 +306,7 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
             lr_scheduler_type="constant", warmup_steps=0, beta=0.0, loss_type=loss_type,
             scale_rewards="none" if method == "luffy" else r.scale_rewards, temperature=r.temperature,
             max_grad_norm=r.max_grad_norm, use_vllm=False, log_completions=False,
-            deepspeed=infra.ds_config(cfg.deepspeed, r.lr, 0.0), **_common_args(cfg, out, seed))
+            deepspeed=infra.ds_config(cfg.deepspeed, r.lr, 0.0), **common_args(cfg, out, seed))
         cls = MIXED_TRAINERS.get(method, GFGRPOTrainer)
         extra = {"mixed": cfg.mixed} if method in MIXED_TRAINERS else {}
         ref: list = []

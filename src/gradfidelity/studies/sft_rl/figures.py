@@ -1,0 +1,65 @@
+"""Tidy CSV -> the study's figures, at the paths the rule passes (one house style: gradfidelity.plots)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gradfidelity.studies.sft_rl import plan
+from gradfidelity.studies.sft_rl.aggregate import summarise
+from gradfidelity.studies.sft_rl.config import StudyConfig
+
+
+def write_figures(df: pd.DataFrame, cfg: StudyConfig, score_vs_flops: Path, reward_curves: Path) -> None:
+    """Score vs post-training FLOPs (mean ± sd per cell) and the RL reward / SFT loss curves, first model."""
+    from gradfidelity.plots import new_figure, save_figure, style_axes
+
+    summary = summarise(df)
+    model = cfg.models[0].name
+    fig, ax = new_figure(width=5.0, height=3.6)
+    ax = ax[0][0]
+    s = summary[(summary.model == model) & summary.variant.isin(plan.TABLE_VARIANTS)]
+    colors = {m: f"C{i}" for i, m in enumerate(cfg.methods)}
+    for _, r in s.iterrows():
+        if math.isnan(r.acc_macro_mean):
+            continue
+        filled = r.variant == "fixed"
+        div = f", {r.n_diverged} diverged" if r.n_diverged else ""
+        ax.errorbar(r.flops_mean, r.acc_macro_mean, yerr=0 if math.isnan(r.acc_macro_sd) else r.acc_macro_sd,
+                    fmt="o" if filled else "s", color=colors[r.method], mfc=colors[r.method] if filled else "none",
+                    label=f"{r.method} ({r.variant}{div})", capsize=2)
+    ax.set_xscale("log")
+    ax.legend(fontsize=6, ncol=2)
+    style_axes(ax, f"score vs compute ({model})", "post-training FLOPs", "macro accuracy (points)")
+    save_figure(fig, score_vs_flops,
+                caption="Filled: fixed infrastructure; hollow: both bugs. Mean ± sd over the seeds that finished "
+                        "(the legend counts diverged seeds; a cell with none finished is not drawn).")
+
+    fig, axes = new_figure(ncols=2, width=4.5, height=3.4)
+    ax_r, ax_l = axes[0]
+    for method in (m for m in cfg.methods if m in plan.RL_STAGE):
+        for variant, ls in (("fixed", "-"), ("both", "--")):
+            g = df[(df.model == model) & (df.variant == variant) & (df.method == method) & (df.status == "ok")]
+            curves = [c for c in g.get("reward_history", []) if isinstance(c, list) and c]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            ax_r.plot(np.arange(1, n + 1), np.mean([c[:n] for c in curves], axis=0), ls=ls, color=colors[method],
+                      label=f"{method} ({variant})")
+    ax_r.legend(fontsize=6)
+    style_axes(ax_r, "RL training reward", "RL step", "mean reward of rollouts")
+    for i, variant in enumerate(cfg.variants):
+        g = df[(df.model == model) & (df.variant == variant) & (df.method == "sft") & (df.status == "ok")]
+        curves = [c for c in g.get("loss_history", []) if isinstance(c, list) and c]
+        if curves:
+            n = min(len(c) for c in curves)
+            ax_l.plot(np.arange(1, n + 1), np.mean([c[:n] for c in curves], axis=0), color=f"C{i}", label=variant)
+    ax_l.legend(fontsize=7)
+    style_axes(ax_l, "SFT training loss", "optimizer step", "logged loss")
+    save_figure(fig, reward_curves,
+                caption="Left: training reward (fixed solid, both bugs dashed; runs shared between the two variants "
+                        "overlap). Right: SFT loss per infrastructure variant (as logged, so the per-micro-batch "
+                        "mean variants log a differently normalised loss). Diverged runs are left out.")
