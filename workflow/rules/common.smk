@@ -24,7 +24,9 @@ for _key, _sub in {"TORCH_EXTENSIONS_DIR": "torch_extensions", "MPLCONFIGDIR": "
                    "HF_HOME": "huggingface", "XDG_CACHE_HOME": "xdg"}.items():
     os.environ.setdefault(_key, str(REPO / ".cache" / _sub))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# The CPU scales run DeepSpeed on its CPU accelerator; at the paper scale DeepSpeed detects the GPUs itself.
+if SCALE in ("smoke", "cpu"):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # Jobs run side by side, each its own one- or two-rank process group: an inherited MASTER_PORT would make them all
 # rendezvous on one port (EADDRINUSE). Every job picks a free port of its own instead.
 for _key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -63,7 +65,8 @@ THREADS = config["threads"]
 _PY = Path(sys.executable)
 _PY = _PY.relative_to(REPO) if _PY.is_relative_to(REPO) else _PY
 # GRADFIDELITY_SCALE: the harness records it in every metrics.json and provenance.json.
-GF = f"GRADFIDELITY_SCALE={SCALE} {shlex.quote(str(_PY))} -m gradfidelity"
+GF_PY = f"GRADFIDELITY_SCALE={SCALE} {shlex.quote(str(_PY))}"
+GF = f"{GF_PY} -m gradfidelity"
 # Prefix for runs that need deepspeed 0.18.9: the overlay first on PYTHONPATH, the rest of the stack unchanged.
 DS0189_ENV = "PYTHONPATH={}${{PYTHONPATH:+:$PYTHONPATH}}".format(shlex.quote(config["deepspeed_buggy_overlay"]))
 # Every rule declares it for `snakemake --lint`; it is refused above at run time (see envs/README.md).

@@ -7,10 +7,14 @@
 # Checkpoints are shared through rule outputs: every SFT-then-RL reads its SFT run, every method the base model.
 from gradfidelity.studies.sft_rl import plan as sft_rl_plan
 from gradfidelity.studies.sft_rl.workflow import deepspeed_env as sft_rl_ds_env, job_cfg as sft_rl_job_cfg
+from gradfidelity.studies.sft_rl.workflow import gpus as sft_rl_gpus, launcher as sft_rl_launcher
 from gradfidelity.studies.sft_rl.workflow import rl_init as sft_rl_rl_init
 
 SFT_RL = config["sft_rl"]
 SFT_RL_ROOT = f"{RESULTS}/sft_rl"
+# SFT and RL jobs start `ranks` processes (torchrun) and request one GPU per rank at the paper scale.
+SFT_RL_LAUNCH = sft_rl_launcher(GF_PY, SFT_RL["ranks"])
+SFT_RL_GPUS = sft_rl_gpus(SFT_RL, SCALE)
 SFT_RL_RUNS = sft_rl_plan.planned_runs(SFT_RL, SFT_RL_ROOT)
 SFT_RL_TABLES = [f"{TABLES}/sft_rl_main.csv", f"{TABLES}/sft_rl_main.md",
                  f"{TABLES}/sft_rl_bug_ablation.csv", f"{TABLES}/sft_rl_bug_ablation.md"]
@@ -50,7 +54,7 @@ rule sft_rl_sft:
     output:
         f"{RESULTS}/sft_rl/{{model}}/{{variant}}/sft/seed{{seed}}/metrics.json",
     params:
-        gf=GF,
+        gf=SFT_RL_LAUNCH,
         cfg=sft_rl_job_cfg(SFT_RL, "sft"),
         env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "sft"),
     log:
@@ -63,6 +67,7 @@ rule sft_rl_sft:
     resources:
         mem_mb=SFT_RL["slurm"]["mem_mb"],
         runtime=SFT_RL["slurm"]["runtime_min"],
+        gpu=SFT_RL_GPUS,
     shell:
         "{params.env} {params.gf} sft-rl-sft --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
         "--seed {wildcards.seed} --base $(dirname {input.base}) --out $(dirname {output}) > {log} 2>&1"
@@ -102,7 +107,7 @@ rule sft_rl_rl:
     output:
         f"{RESULTS}/sft_rl/{{model}}/{{variant}}/{{method}}/seed{{seed}}/metrics.json",
     params:
-        gf=GF,
+        gf=SFT_RL_LAUNCH,
         cfg=sft_rl_job_cfg(SFT_RL, "rl"),
         env=sft_rl_ds_env(SFT_RL, DS0189_ENV, "rl"),
     log:
@@ -115,6 +120,7 @@ rule sft_rl_rl:
     resources:
         mem_mb=SFT_RL["slurm"]["mem_mb"],
         runtime=SFT_RL["slurm"]["runtime_min"],
+        gpu=SFT_RL_GPUS,
     shell:
         "{params.env} {params.gf} sft-rl-rl --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
         "--method {wildcards.method} --seed {wildcards.seed} --init $(dirname {input.init}) "

@@ -7,6 +7,9 @@ Why each piece exists:
 - A non-finite loss ends the run with status "diverged": it is a result to report, not a crash to hide, and never a
   plausible-looking number.
 - metrics.json is written last and atomically; its presence means the run finished (Snakemake's output).
+- Launched on several ranks (torchrun / accelerate launch set RANK and WORLD_SIZE), every rank seeds, sets its
+  threads and checks for NaN, but only rank 0 owns the run directory's records (metrics.json, provenance.json,
+  log.txt, checkpoint.pt); the others log to log_rank<r>.txt. Two ranks writing one metrics.json would race.
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ class Diverged(Exception):
         self.step, self.value, self.what = step, value, what
 
 
+def launch_rank() -> tuple[int, int]:
+    """(global rank, world size) as a launcher (torchrun, accelerate launch, srun via torchrun) set them; (0, 1)
+    for a process started on its own."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -56,14 +65,17 @@ class Run:
         self.checkpoint_every = checkpoint_every
         self.status: str | None = None
         self.resumed_from: int | None = None
-        self._memory = PeakPSS() if sample_memory else None
+        self.rank, self.world_size = launch_rank()
+        self.primary = self.rank == 0
+        self._memory = PeakPSS() if sample_memory and self.primary else None
         self.log = logging.getLogger(f"gradfidelity.run.{study}")
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "metrics.json").unlink(missing_ok=True)  # a stale result must never survive a rerun
-        self._handler = logging.FileHandler(self.dir / "log.txt")
+        if self.primary:
+            (self.dir / "metrics.json").unlink(missing_ok=True)  # a stale result must never survive a rerun
+        self._handler = logging.FileHandler(self.dir / ("log.txt" if self.primary else f"log_rank{self.rank}.txt"))
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         self.log.addHandler(self._handler)
         self.log.setLevel(logging.INFO)
@@ -72,7 +84,8 @@ class Run:
         self.started, self._t0 = _now(), time.perf_counter()
         if self._memory:
             self._memory.__enter__()
-        self.log.info("start %s seed=%d threads=%d dir=%s", self.study, self.seed, self.threads, self.dir)
+        self.log.info("start %s seed=%d threads=%d rank=%d/%d dir=%s", self.study, self.seed, self.threads,
+                      self.rank, self.world_size, self.dir)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -83,11 +96,13 @@ class Run:
             self.log.warning("diverged: %s", exc)
             self._write_metrics("diverged", {"diverged_at_step": exc.step, "diverged_value": repr(exc.value),
                                              "diverged_what": exc.what}, {})
-            (self.dir / CHECKPOINT).unlink(missing_ok=True)
+            if self.primary:
+                (self.dir / CHECKPOINT).unlink(missing_ok=True)
             suppress = True
         elif exc is not None:
             self.log.error("failed: %r (checkpoint kept for resume)", exc)
-        self._write_provenance()
+        if self.primary:
+            self._write_provenance()
         self.log.removeHandler(self._handler)
         self._handler.close()
         return suppress
@@ -119,6 +134,8 @@ class Run:
         return self.resumed_from, ckpt["extra"]
 
     def checkpoint(self, step: int, state: dict[str, Any], extra: dict | None = None) -> None:
+        if not self.primary:
+            return
         atomic_torch_save(self.dir / CHECKPOINT, {
             "step": step, "state": {k: v.state_dict() for k, v in state.items()},
             "rng": rng_state(), "extra": extra or {},
@@ -134,24 +151,27 @@ class Run:
         if bad:  # a NaN that slipped past check_finite must not become a table cell
             raise Diverged(-1, float("nan"), what=f"metric {bad[0]}")
         self._write_metrics("ok", metrics, timing or {})
-        (self.dir / CHECKPOINT).unlink(missing_ok=True)
+        if self.primary:
+            (self.dir / CHECKPOINT).unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ records
     def _write_metrics(self, status: str, metrics: dict, timing: dict) -> None:
         self.status = status
         self.wall_s = time.perf_counter() - self._t0
         timing = {"wall_s": self.wall_s, **timing}
+        self.log.info("status=%s wall=%.1fs", status, self.wall_s)
+        if not self.primary:
+            return
         atomic_write_json(self.dir / "metrics.json", {
             "status": status, "study": self.study, "scale": self.scale, "seed": self.seed,
             "threads": self.threads, "metrics": metrics, "timing": timing,
         })
-        self.log.info("status=%s wall=%.1fs", status, self.wall_s)
 
     def _write_provenance(self) -> None:
         record = {
             "study": self.study, "scale": self.scale, "seed": self.seed, "status": self.status,
             "config": self.config, "config_hash": provenance.config_hash(self.config),
-            "threads": self.thread_settings, "started": self.started, "ended": _now(),
+            "threads": self.thread_settings, "world_size": self.world_size, "started": self.started, "ended": _now(),
             "wall_s": time.perf_counter() - self._t0, "resumed_from_step": self.resumed_from,
             "packages": provenance.package_versions(), "machine": provenance.machine(),
             **provenance.git_state(Path(__file__).parent),

@@ -90,6 +90,7 @@ class StudyConfig:
     eval_batch_size: int = 64
     alignment_windows: int = 16  # SFT windows whose micro-batch gradient Gram matrices ds_audit's A3 reads
     slurm: dict = field(default_factory=dict)   # mem_mb / runtime_min per training job (read by the rules)
+    ranks: int = 1  # processes per SFT / RL job (torchrun, one per GPU; read by the rules, the job reads WORLD_SIZE)
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod

@@ -90,9 +90,11 @@ def ds_config(cfg: DeepSpeedConfig, lr: float, weight_decay: float) -> dict | No
     return out
 
 
-def single_process_env(version: str | None = None) -> None:
-    """DeepSpeed wants a (one-rank) process group even on one CPU process: set the rendezvous variables,
-    and give each deepspeed version its own JIT-extension cache (see gradfidelity.harness.extensions)."""
+def process_env(version: str | None = None) -> None:
+    """DeepSpeed wants a process group even on one process: set the rendezvous variables of a one-rank group
+    unless a launcher (torchrun) already set them, and give each deepspeed version its own JIT-extension cache
+    (see gradfidelity.harness.extensions). The accelerator is left to DeepSpeed's detection (the workflow sets
+    DS_ACCELERATOR=cpu on the CPU scales; on a GPU node DeepSpeed finds the GPUs)."""
     if version:
         use_deepspeed_extensions_dir(version)
     if "MASTER_PORT" not in os.environ:
@@ -100,7 +102,7 @@ def single_process_env(version: str | None = None) -> None:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
     for key, val in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-                     "LOCAL_WORLD_SIZE": "1", "DS_ACCELERATOR": "cpu"}.items():
+                     "LOCAL_WORLD_SIZE": "1"}.items():
         os.environ.setdefault(key, val)
 
 

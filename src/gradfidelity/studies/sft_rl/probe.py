@@ -6,15 +6,22 @@ Why a probe and not only the training runs: a test can then compare that applied
 reference computed from the very micro-batches the Trainer drew (recorded in order): `fixed` must equal the
 global token mean over all GA micro-batches; under deepspeed 0.18.9 it must not (the accumulation bug:
 docs/sources.md, Study A).
+
+Under torchrun with W ranks (the launch path of the paper scale, `sft_rl.ranks`) the same probe takes GA x W
+demonstrations, one optimizer step over all ranks: rank 0 writes probe.pt (the parameter change and its own
+micro-batches), every other rank r its micro-batches to batches_rank<r>.pt.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
 
+from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_torch_save
+from gradfidelity.harness.run import launch_rank
 from gradfidelity.studies.sft_rl import models
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.train import run_sft
@@ -34,19 +41,32 @@ OVERRIDES = {"optim": "sgd", "learning_rate": 1.0, "lr_scheduler_type": "constan
              "max_steps": 1, "max_grad_norm": 0.0, "weight_decay": 0.0}
 
 
+def _wait_for(path: Path, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise UserError(f"{path} did not appear within {timeout_s:g} s (rank 0 writes it; did rank 0 fail?)")
+        time.sleep(0.2)
+
+
 def run_probe(variants: str, out: Path) -> None:
     """For each variant (comma-separated): a 1-step SFT run under `out/<variant>/`, plus `probe.pt` holding the
     parameter change and the recorded micro-batches."""
-    cfg = StudyConfig.from_dict(PROBE_CFG)
+    rank, world = launch_rank()
+    cfg = StudyConfig.from_dict({**PROBE_CFG, "task": {**PROBE_CFG["task"], "n_train": GA * world}})
     base = out / "base"
-    if not (base / "model" / "config.json").exists():
+    if rank == 0 and not (base / "model" / "config.json").exists():
         tok = models.build_tokenizer()
         models.save_checkpoint(models.build_tiny_model(cfg.models[0], tok, seed=0), tok, base / "model")
+    _wait_for(base / "model" / "config.json")  # the other ranks start from rank 0's base (renamed into place whole)
     for variant in variants.split(","):
         record: list = []
         metrics = run_sft(cfg, "probe", variant, 0, base, out / variant, overrides=OVERRIDES, record=record)
-        atomic_torch_save(out / variant / "probe.pt", {
-            "variant": variant, "deepspeed_version": metrics["deepspeed_version"],
-            "delta": {k: torch.tensor(v) for k, v in metrics["delta"].items()},
-            "batches": record,
-        })
+        if rank == 0:
+            atomic_torch_save(out / variant / "probe.pt", {
+                "variant": variant, "deepspeed_version": metrics["deepspeed_version"], "world_size": world,
+                "delta": {k: torch.tensor(v) for k, v in metrics["delta"].items()},
+                "batches": record,
+            })
+        else:
+            atomic_torch_save(out / variant / f"batches_rank{rank}.pt", {"rank": rank, "batches": record})

@@ -9,12 +9,16 @@ How the harness and TRL share the work (why):
   LR scheduler, the data position and the log history. Our own extra state (token counters, ReLIFT's buffer) is
   written next to it by the same callback. A killed job rerun by Snakemake finds the last checkpoint and
   continues; metrics repeat because every random draw is restored.
+- Several ranks (torchrun, `sft_rl.ranks`): every rank trains (the Trainer shards the data, DeepSpeed reduces the
+  gradients); token counts are summed over ranks before FLOPs are computed; rank 0 alone evaluates and writes the
+  model and the run's records, while the others wait at a barrier (harness.run: only rank 0 owns the directory).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -25,12 +29,37 @@ from transformers.trainer_utils import get_last_checkpoint
 from gradfidelity.errors import UserError
 from gradfidelity.harness import Run
 from gradfidelity.harness.io import read_json
+from gradfidelity.harness.run import launch_rank
 from gradfidelity.studies.sft_rl import infra, models, paper
 from gradfidelity.studies.sft_rl.config import StudyConfig, stage_variant
 from gradfidelity.studies.sft_rl.task import EVAL_SETS, Problem, accuracy_table, is_correct, make_split, pretrain_corpus
 
 STUDY = "sft_rl"
 GF_STATE = "gf_state.json"
+
+
+def _gf_state_name() -> str:
+    """Each rank saves its own counters (they count that rank's tokens) next to the Trainer checkpoint."""
+    rank, world = launch_rank()
+    return GF_STATE if world == 1 else f"gf_state_rank{rank}.json"
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized() and launch_rank()[1] > 1
+
+
+def summed_over_ranks(*counts: int) -> list[int]:
+    """Token counts of every rank added up (a collective: every rank must call it at the same point)."""
+    if not _distributed():
+        return [int(c) for c in counts]
+    t = torch.tensor(counts, dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return [int(x) for x in t.tolist()]
+
+
+def _barrier() -> None:
+    if _distributed():
+        torch.distributed.barrier()
 
 
 # ----------------------------------------------------------------------------- evaluation and FLOPs
@@ -129,7 +158,7 @@ class HarnessCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         trainer = self.trainer_ref[0]
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        (ckpt / GF_STATE).write_text(json.dumps({**trainer.gf_state(), "extras": self.extras()}))
+        (ckpt / _gf_state_name()).write_text(json.dumps({**trainer.gf_state(), "extras": self.extras()}))
 
 
 class EvalAtStep(TrainerCallback):
@@ -148,9 +177,9 @@ def _resume(trainer, trainer_dir: Path, run: Run) -> tuple[str | None, dict]:
     ckpt = get_last_checkpoint(str(trainer_dir)) if trainer_dir.exists() else None
     if not ckpt:
         return None, {}
-    state_file = Path(ckpt) / GF_STATE
+    state_file = Path(ckpt) / _gf_state_name()
     if not state_file.exists():
-        raise UserError(f"{ckpt}: checkpoint without {GF_STATE}; delete {trainer_dir} to start over")
+        raise UserError(f"{ckpt}: checkpoint without {state_file.name}; delete {trainer_dir} to start over")
     state = json.loads(state_file.read_text())
     trainer.gf_load_state(state)
     run.resumed_from = int(Path(ckpt).name.split("-")[-1])
@@ -159,7 +188,9 @@ def _resume(trainer, trainer_dir: Path, run: Run) -> tuple[str | None, dict]:
 
 def common_args(cfg: StudyConfig, out: Path, seed: int) -> dict:
     save = cfg.checkpoint_every > 0
-    return dict(output_dir=str(out / "trainer"), bf16=False, use_cpu=True, report_to=[], logging_steps=1,
+    # CPU where DeepSpeed is told to use its CPU accelerator (the smoke and cpu scales) or no GPU exists
+    use_cpu = os.environ.get("DS_ACCELERATOR") == "cpu" or not torch.cuda.is_available()
+    return dict(output_dir=str(out / "trainer"), bf16=False, use_cpu=use_cpu, report_to=[], logging_steps=1,
                 seed=seed, data_seed=seed, dataloader_num_workers=0, save_strategy="steps" if save else "no",
                 save_steps=cfg.checkpoint_every if save else 500, save_only_model=False,
                 disable_tqdm=not sys.stderr.isatty())
@@ -170,8 +201,12 @@ def _history(trainer, key: str) -> list[float]:
 
 
 def _finish(run: Run, model, tok, out: Path, metrics: dict, timing: dict) -> None:
-    models.save_checkpoint(model, tok, out / "model")
+    """Rank 0 saves the model and writes metrics.json; every rank then meets at a barrier, so no rank tears the
+    process group down while rank 0 still evaluates or writes."""
+    if run.primary:
+        models.save_checkpoint(model, tok, out / "model")
     run.finish(metrics, timing=timing)
+    _barrier()
 
 
 def _ds_version() -> str | None:
@@ -230,7 +265,7 @@ def run_sft(cfg: StudyConfig, model_name: str, variant: str, seed: int, base: Pa
 
     inf = infra.Infra.of(stage_variant(cfg, variant, "sft"))
     version = infra.check_deepspeed_version(inf, cfg.deepspeed)
-    infra.single_process_env(version)
+    infra.process_env(version)
     run_cfg = {"stage": "sft", "model": model_name, "variant": variant, "infra": inf.variant, **cfg.raw}
     with Run(out, study=STUDY, config=run_cfg, seed=seed, threads=cfg.threads) as run:
         model, tok = models.load_checkpoint(base / "model")
@@ -249,16 +284,18 @@ def run_sft(cfg: StudyConfig, model_name: str, variant: str, seed: int, base: Pa
         before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
         trainer.train(resume_from_checkpoint=_resume(trainer, out / "trainer", run)[0])
         p = models.n_params(trainer.model)
+        (train_tokens,) = summed_over_ranks(trainer.tokens.train)
         metrics = {"stage": "sft", "method": "sft", "model": model_name, "variant": variant,
                    "infra": inf.variant, "deepspeed_version": version, "per_micro_mean": inf.per_micro_mean,
-                   "grad_accum": kwargs["gradient_accumulation_steps"], "n_params": p,
-                   "train_tokens": trainer.tokens.train, "gen_tokens": 0,
-                   "flops": flops(p, trainer.tokens.train, 0), "loss_history": _history(trainer, "loss"),
+                   "grad_accum": kwargs["gradient_accumulation_steps"], "ranks": run.world_size,
+                   "global_batch": kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"]
+                   * run.world_size, "n_params": p, "train_tokens": train_tokens, "gen_tokens": 0,
+                   "flops": flops(p, train_tokens, 0), "loss_history": _history(trainer, "loss"),
                    "grad_norm_history": _history(trainer, "grad_norm")}
         if overrides and overrides.get("max_steps") == 1:  # the probe: the exact update, no evaluation
             delta = {k: (v.detach() - before[k]).tolist() for k, v in trainer.model.named_parameters()}
             metrics["delta"] = delta
-        else:
+        elif run.primary:
             metrics.update(evaluate_all(trainer.model, tok, cfg))
         _finish(run, trainer.model, tok, out, metrics, {})
         return metrics
@@ -286,7 +323,7 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
 
     inf = infra.Infra.of(stage_variant(cfg, variant, "rl"))
     version = infra.check_deepspeed_version(inf, cfg.deepspeed)
-    infra.single_process_env(version)
+    infra.process_env(version)
     init_metrics = read_json(init / "metrics.json")
     if init_metrics.get("status") != "ok":
         raise UserError(f"{init}/metrics.json: the init run did not finish ok ({init_metrics.get('status')})")
@@ -299,8 +336,13 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
                                   for p in train_problems(cfg)])
         r = cfg.rl
         loss_type = "bnpo" if inf.per_micro_mean else r.loss_type
+        # prompts_per_step x num_generations rollouts per optimizer step in all, split evenly over the ranks
+        rollouts, world = r.prompts_per_step * r.num_generations, run.world_size
+        if rollouts % world:
+            raise UserError(f"sft_rl.rl: prompts_per_step x num_generations = {rollouts} rollouts per step do not "
+                            f"split over {world} ranks (sft_rl.ranks)")
         args = GRPOConfig(
-            per_device_train_batch_size=r.prompts_per_step * r.num_generations, gradient_accumulation_steps=1,
+            per_device_train_batch_size=rollouts // world, gradient_accumulation_steps=1,
             num_generations=r.num_generations, steps_per_generation=1, num_iterations=1,
             max_completion_length=r.max_completion_length, max_steps=r.steps, learning_rate=r.lr,
             lr_scheduler_type="constant", warmup_steps=0, beta=0.0, loss_type=loss_type,
@@ -314,9 +356,10 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
         k = cfg.truncated_steps
         trunc = None
         if method == "sft_then_rl":
-            def at_k(m):
-                return {**evaluate_all(m, tok, cfg),
-                        "flops": upstream_flops + flops(p, ref[0].tokens.train, ref[0].tokens.gen), "rl_steps": k}
+            def at_k(m):  # every rank reaches step k: the token sum is collective, the evaluation rank 0's
+                train_k, gen_k = summed_over_ranks(ref[0].tokens.train, ref[0].tokens.gen)
+                return {**(evaluate_all(m, tok, cfg) if run.primary else {}),
+                        "flops": upstream_flops + flops(p, train_k, gen_k), "rl_steps": k}
             trunc = EvalAtStep(k, at_k)
         extras = (lambda: {"truncated": trunc.result}) if trunc is not None else None
         callbacks = [HarnessCallback(run, ref, extras)] + ([trunc] if trunc is not None else [])
@@ -328,13 +371,14 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
         if trunc is not None and saved.get("truncated") is not None:  # step k was before the kill
             trunc.result = saved["truncated"]
         trainer.train(resume_from_checkpoint=ckpt)
+        train_tokens, gen_tokens = summed_over_ranks(trainer.tokens.train, trainer.tokens.gen)
         metrics = {"stage": "rl", "method": method, "model": model_name, "variant": variant,
                    "infra": inf.variant, "deepspeed_version": version, "loss_type": loss_type, "n_params": p,
-                   "init": str(init), "train_tokens": trainer.tokens.train, "gen_tokens": trainer.tokens.gen,
-                   "flops": upstream_flops + flops(p, trainer.tokens.train, trainer.tokens.gen),
+                   "ranks": world, "init": str(init), "train_tokens": train_tokens, "gen_tokens": gen_tokens,
+                   "flops": upstream_flops + flops(p, train_tokens, gen_tokens),
                    "upstream_flops": upstream_flops,
                    "reward_history": _history(trainer, "reward"), "loss_history": _history(trainer, "loss"),
-                   **evaluate_all(trainer.model, tok, cfg)}
+                   **(evaluate_all(trainer.model, tok, cfg) if run.primary else {})}
         if trunc is not None:
             if trunc.result is None:
                 raise RuntimeError(f"truncated evaluation at RL step {k} did not run")

@@ -17,6 +17,19 @@ def deepspeed_env(cfg: dict, overlay: str, stage: str):
     return env
 
 
+def launcher(gf_py: str, ranks: int) -> str:
+    """The command that starts an SFT or RL job: the package in one process, or (ranks > 1) under torchrun with one
+    process per rank on the job's node; each rank reads RANK / WORLD_SIZE from torchrun (harness.run.launch_rank)."""
+    if ranks == 1:
+        return f"{gf_py} -m gradfidelity"
+    return f"{gf_py} -m torch.distributed.run --standalone --nproc_per_node {ranks} -m gradfidelity"
+
+
+def gpus(cfg: dict, scale: str) -> int:
+    """GPUs an SFT or RL job requests: one per rank at the paper scale, none on the CPU scales."""
+    return cfg.get("ranks", 1) if scale == "paper" else 0
+
+
 def rl_init(cfg: dict, root: str):
     """input function: the metrics.json of the run an RL-stage job starts from (base or SFT)."""
     def init(wildcards) -> str:
