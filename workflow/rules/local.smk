@@ -51,7 +51,11 @@ wildcard_constraints:
 
 
 # One rule definition for both job groups (main: BP, best-BP candidates and the async methods, time-paired; mechanism:
-# the serial local methods), instantiated once per group: the same command, threads and resources.
+# the serial local methods), instantiated once per group: the same command, threads and resources. Why not one rule
+# with a {group} wildcard: the groups declare different numbers of outputs (one metrics.json per method), which a
+# wildcard cannot vary; and why not one job per method: the methods of a cell must run back to back on the same
+# machine (order reversed on odd seeds), or their throughput ratios would compare different nodes at the paper
+# scale and different moments here.
 LOCAL_GROUPS = {"main": LOCAL_MAIN, "mechanism": LOCAL_SERIAL}
 for _group, _methods in LOCAL_GROUPS.items():
     if not _methods:
