@@ -15,6 +15,33 @@ from gradfidelity.studies.sft_rl import losses
 from gradfidelity.studies.sft_rl.task import is_correct
 
 
+def step_outside_grad_mode(accelerator) -> None:
+    """With several ranks over gloo, DeepSpeed 0.18.9's ZeRO-1/2 optimizer step all-gathers the updated partitions
+    into views made by `split`, which torch 2.13's autograd refuses in grad mode ("Output 0 of Split is a view and
+    is being modified inplace"). Accelerate calls `engine.step()` inside `accelerator.backward`, after the engine's
+    backward; the step is never differentiated, so it runs under no_grad here (the fault-matrix probe does the same,
+    ds_audit/ds_step.py). The engine exists only once training starts, so its step is wrapped at the first backward.
+    One process: left untouched."""
+    if accelerator.num_processes <= 1:
+        return
+    backward = accelerator.backward
+
+    def backward_with_guarded_step(loss, **kwargs):
+        wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+        engine = getattr(wrapped, "engine", None)
+        if engine is not None and not getattr(engine, "_gf_step_no_grad", False):
+            step = engine.step
+
+            def step_no_grad(*args, **kw):
+                with torch.no_grad():
+                    return step(*args, **kw)
+
+            engine.step, engine._gf_step_no_grad = step_no_grad, True
+        return backward(loss, **kwargs)
+
+    accelerator.backward = backward_with_guarded_step
+
+
 class TokenCounter:
     """Tokens processed per kind, for FLOPs: train (forward + backward) and gen (generation, prefill included)."""
 
@@ -36,6 +63,7 @@ class GFSFTTrainer(SFTTrainer):
 
     def __init__(self, *args, per_micro_mean: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
+        step_outside_grad_mode(self.accelerator)
         self.per_micro_mean = per_micro_mean
         self.tokens = TokenCounter()
         self.recorded_inputs: list[dict] | None = None  # the gradient probe sets a list: micro-batches in order
@@ -68,6 +96,7 @@ class GFGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        step_outside_grad_mode(self.accelerator)
         self.tokens = TokenCounter()
 
     def _count_generation(self, out: dict, rows: torch.Tensor | None = None) -> None:
