@@ -125,4 +125,8 @@ def test_two_ranks_show_the_fault_matrix_pattern(tmp_path):
         metrics = json.loads((tmp_path / variant / "metrics.json").read_text())["metrics"]
         assert prov["world_size"] == RANKS and prov["packages"]["deepspeed"] == version
         assert metrics["ranks"] == RANKS and metrics["global_batch"] == GA * RANKS
+        # FLOPs count the tokens of both ranks (counted per rank, summed over the process group)
+        batches = [b for f in ("probe.pt", "batches_rank1.pt")
+                   for b in torch.load(tmp_path / variant / f, weights_only=True)["batches"]]
+        assert metrics["train_tokens"] == sum(int(b["attention_mask"].sum()) for b in batches)
         assert (tmp_path / variant / "log_rank1.txt").exists()

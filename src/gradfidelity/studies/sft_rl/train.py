@@ -52,9 +52,9 @@ def summed_over_ranks(*counts: int) -> list[int]:
     """Token counts of every rank added up (a collective: every rank must call it at the same point)."""
     if not _distributed():
         return [int(c) for c in counts]
-    t = torch.tensor(counts, dtype=torch.float64)
+    t = torch.tensor(counts, dtype=torch.int64)
     torch.distributed.all_reduce(t)
-    return [int(x) for x in t.tolist()]
+    return t.tolist()
 
 
 def _barrier() -> None:
