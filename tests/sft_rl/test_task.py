@@ -8,6 +8,7 @@ from gradfidelity.studies.sft_rl.task import (
     TaskConfig,
     accuracy_table,
     extract_answer,
+    fact_table,
     is_correct,
     make_split,
     pretrain_corpus,
@@ -91,6 +92,48 @@ def test_bad_config_is_a_user_error():
         make_split(TaskConfig(n_train=300, train_ops=(1, 1)), "train")  # only 10*2*10 distinct prompts
 
 
+def test_pretraining_lines_are_true_facts_and_worked_chains():
+    corpus = pretrain_corpus(CFG)
+    facts = [line for line in corpus if "#" not in line["completion"]]
+    assert 0.6 < len(facts) / len(corpus) < 0.7                    # two lines in three
+    assert {line["prompt"][1] for line in facts} == set("+-*")
+    for line in corpus:
+        value = str(_reference_value(line["prompt"], CFG.modulus))
+        if line in facts:
+            assert line["completion"] == value  # the loss falls on the result alone
+        else:
+            assert is_correct(line["completion"], value) and line["completion"].startswith(line["prompt"][0])
+
+
+def test_fact_table_is_complete_and_true():
+    table = fact_table(CFG)
+    assert len(table) == len(set(table)) == 3 * CFG.modulus ** 2
+    assert all(answer == str(_reference_value(prompt, CFG.modulus)) for prompt, answer in table)
+
+
+def test_fact_accuracy_reads_the_greedy_next_token():
+    """A stand-in model that knows the '+' facts only and answers '0' to everything else."""
+    import torch
+
+    from gradfidelity.studies.sft_rl.models import build_tokenizer
+    from gradfidelity.studies.sft_rl.train import fact_accuracy
+
+    tok = build_tokenizer()
+
+    class KnowsAddition(torch.nn.Module):
+        def forward(self, input_ids):
+            logits = torch.zeros(*input_ids.shape, len(tok))
+            for row, ids in enumerate(input_ids.tolist()):
+                a, op, b = tok.decode(ids[:3])
+                answer = str((int(a) + int(b)) % 10) if op == "+" else "0"
+                logits[row, -1, tok.convert_tokens_to_ids(answer)] = 1.0
+            return type("Out", (), {"logits": logits})
+
+    cfg = type("Cfg", (), {"task": CFG})
+    acc = fact_accuracy(KnowsAddition(), tok, cfg)
+    assert acc == pytest.approx({"fact_acc_+": 100.0, "fact_acc_-": 10.0, "fact_acc_*": 100.0 * 27 / 100})
+
+
 def test_train_answers_cover_all_values():
     assert {_reference_value(p.prompt, 10) for p in make_split(CFG, "train")} == set(range(10))
 
@@ -101,9 +144,9 @@ SCALES = ("smoke", "cpu")  # the scales that generate their sets (paper scale re
 # pretraining corpus: a change of the generator or of a scale's task config must change these on purpose.
 PINNED = {
     "smoke": {"train": "1fb9f784afb742c3", "id": "acc062df8e2e67eb", "long": "efcd506b1c02c438",
-              "ood": "2342553922b2db85", "pretrain": "9adcc4f58a7b162a"},
+              "ood": "2342553922b2db85", "pretrain": "8ce7b5209aaa1654"},
     "cpu": {"train": "d9ae7b5343883c68", "id": "41f2c99d8081c2a8", "long": "69cc1c9af18dbdc8",
-            "ood": "ea89b3e096f71ae0", "pretrain": "051b68fc10b1f7f1"},
+            "ood": "ea89b3e096f71ae0", "pretrain": "71f986486901b00b"},
 }
 
 
@@ -124,7 +167,8 @@ def _digest(cfg: TaskConfig) -> dict[str, str]:
     for split in ("train", *EVAL_SETS):
         text = "\n".join(f"{p.prompt}|{p.solution}|{p.answer}" for p in make_split(cfg, split))
         out[split] = hashlib.sha256(text.encode()).hexdigest()[:16]
-    out["pretrain"] = hashlib.sha256("\n".join(pretrain_corpus(cfg)).encode()).hexdigest()[:16]
+    corpus = "\n".join(f"{line['prompt']}|{line['completion']}" for line in pretrain_corpus(cfg))
+    out["pretrain"] = hashlib.sha256(corpus.encode()).hexdigest()[:16]
     return out
 
 
@@ -140,8 +184,8 @@ def test_no_eval_problem_in_pretraining_sft_or_rl_data(scale):
     train_prompts, train_text = {p.prompt for p in train}, {p.prompt + p.solution for p in train}
     corpus = pretrain_corpus(cfg)
     assert len(corpus) == cfg.n_pretrain
-    corpus_prompts = {line[:line.index("=") + 1] for line in corpus}
-    corpus_text = "\n".join(corpus)
+    corpus_prompts = {line["prompt"] for line in corpus}
+    corpus_text = "\n".join(line["prompt"] + line["completion"] for line in corpus)
     for split in EVAL_SETS:
         for p in make_split(cfg, split):
             assert p.prompt not in train_prompts and p.prompt + p.solution not in train_text, (split, p)

@@ -16,7 +16,7 @@ Evaluation sets (the benchmark stand-ins):
           single '*' facts during pretraining only                     (out of distribution)
 
 Every set is generated from its own seed stream; eval problems that also occur in the train split are dropped,
-and the pretraining corpus skips every evaluation prompt (bare or with its worked chain), so no evaluation problem
+and the pretraining corpus skips every evaluation prompt, so no evaluation problem
 or its solution appears in pretraining, SFT or RL data (tests/sft_rl/test_task.py checks it for every scale's
 config). Round 1's corpus did not skip them: its short worked chains solved 16% of the cpu `id` set.
 """
@@ -45,7 +45,7 @@ class TaskConfig:
     n_eval: int = 64
     train_ops: tuple[int, int] = (2, 4)      # inclusive range of operators per chain (train and `id`)
     long_ops: tuple[int, int] = (6, 8)       # the `long` set
-    n_pretrain: int = 4000                   # lines of unlabeled pretraining text
+    n_pretrain: int = 4000                   # prompt -> completion lines of pretraining text
     pretrain_worked_ops: tuple[int, int] = (1, 2)  # worked examples in the pretraining text are this short
 
     @classmethod
@@ -118,30 +118,37 @@ def make_split(cfg: TaskConfig, split: str) -> list[Problem]:
     return out
 
 
-def pretrain_corpus(cfg: TaskConfig) -> list[str]:
-    """Unlabeled task text for the base model: operator facts (all three operators), bare prompts of the
-    training distribution (no solutions), and a few short worked chains, like a base model's web math."""
+def pretrain_corpus(cfg: TaskConfig) -> list[dict[str, str]]:
+    """The base model's task text, as prompt -> completion pairs (the loss counts the completion only).
+
+    Two of every three lines are single operator facts of all three operators ("3*4=" -> "2"), the rest short
+    worked chains ("7+5-3=" -> "7+5=2,2-3=9#9"), like a base model's web math.
+
+    Why pairs and no bare prompts: a pilot (study README) found that a loss on every token does not teach the
+    facts at all. In "a+b=c" two of the three digits are random, their loss drowns the one predictable token, and
+    the fact table stays at chance after 600 steps. With the loss on `c` only, the same model learns the whole
+    table. Bare prompts are all random digits, so they were dropped for the same reason."""
     rng = random.Random(cfg.seed + _SPLIT_OFFSET["pretrain"])
     held_out = heldout_prompts(cfg)
-    lines = []
+    lines: list[dict[str, str]] = []
     i = 0
     while len(lines) < cfg.n_pretrain:
-        kind = i % 3
         i += 1
-        if kind == 0:
+        if i % 3:
             a, b, op = rng.randrange(cfg.modulus), rng.randrange(cfg.modulus), rng.choice("+-*")
-            lines.append(f"{a}{op}{b}={OPS[op](a, b, cfg.modulus)}")
-        elif kind == 1:
-            lo, hi = cfg.train_ops
-            p = _random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus)
-            if p.prompt not in held_out:
-                lines.append(p.prompt)
+            lines.append({"prompt": f"{a}{op}{b}=", "completion": str(OPS[op](a, b, cfg.modulus))})
         else:
             lo, hi = cfg.pretrain_worked_ops
             p = _random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus)
             if p.prompt not in held_out:
-                lines.append(p.prompt + p.solution)
+                lines.append({"prompt": p.prompt, "completion": p.solution})
     return lines
+
+
+def fact_table(cfg: TaskConfig) -> list[tuple[str, str]]:
+    """Every operator fact as (prompt, answer), e.g. ("3*4=", "2"): what pretraining must teach."""
+    m = cfg.modulus
+    return [(f"{a}{op}{b}=", str(OPS[op](a, b, m))) for op in OPS for a in range(m) for b in range(m)]
 
 
 def heldout_prompts(cfg: TaskConfig) -> set[str]:

@@ -32,7 +32,15 @@ from gradfidelity.harness.io import read_json
 from gradfidelity.harness.run import launch_rank
 from gradfidelity.studies.sft_rl import infra, models, paper
 from gradfidelity.studies.sft_rl.config import StudyConfig, stage_variant
-from gradfidelity.studies.sft_rl.task import EVAL_SETS, Problem, accuracy_table, is_correct, make_split, pretrain_corpus
+from gradfidelity.studies.sft_rl.task import (
+    EVAL_SETS,
+    Problem,
+    accuracy_table,
+    fact_table,
+    is_correct,
+    make_split,
+    pretrain_corpus,
+)
 
 STUDY = "sft_rl"
 GF_STATE = "gf_state.json"
@@ -138,6 +146,22 @@ def evaluate_all(model, tok, cfg: StudyConfig) -> dict[str, float]:
     return {**out, **nll}
 
 
+def fact_accuracy(model, tok, cfg: StudyConfig) -> dict[str, float]:
+    """Greedy accuracy (points) on the whole operator-fact table, per operator: did pretraining teach the facts?
+    (A diagnostic of the base model; every fact prompt has the same length, so one unpadded forward suffices.)"""
+    import torch
+
+    facts = fact_table(cfg.task)
+    ids = torch.tensor([tok(p, add_special_tokens=False)["input_ids"] for p, _ in facts])
+    model.eval()
+    with torch.no_grad():
+        guess = model(input_ids=ids).logits[:, -1].argmax(-1).tolist()
+    right: dict[str, list[bool]] = {}
+    for (prompt, answer), g in zip(facts, guess, strict=True):
+        right.setdefault(prompt[1], []).append(tok.decode([g]) == answer)
+    return {f"fact_acc_{op}": 100.0 * sum(r) / len(r) for op, r in right.items()}
+
+
 def flops(n_params: int, train_tokens: int, gen_tokens: int) -> float:
     """Training ~6 x params x tokens (forward + backward), generation ~2 x params x tokens."""
     return 6.0 * n_params * train_tokens + 2.0 * n_params * gen_tokens
@@ -233,7 +257,7 @@ def run_pretrain(cfg: StudyConfig, model_name: str, out: Path, seed: int = 0) ->
              threads=cfg.threads) as run:
         tok = models.build_tokenizer()
         model = models.build_tiny_model(mcfg, tok, seed)
-        data = Dataset.from_list([{"text": t} for t in pretrain_corpus(cfg.task)])
+        data = Dataset.from_list(pretrain_corpus(cfg.task))  # prompt/completion: loss on completions only
         args = SFTConfig(per_device_train_batch_size=cfg.pretrain.batch_size, max_steps=cfg.pretrain.steps,
                          learning_rate=cfg.pretrain.lr, lr_scheduler_type="cosine", warmup_steps=0.05,
                          max_length=mcfg.max_position, **common_args(cfg, out, seed))
@@ -242,7 +266,7 @@ def run_pretrain(cfg: StudyConfig, model_name: str, out: Path, seed: int = 0) ->
                                callbacks=[HarnessCallback(run, ref)])
         ref.append(trainer)
         trainer.train(resume_from_checkpoint=_resume(trainer, out / "trainer", run)[0])
-        acc = evaluate_all(trainer.model, tok, cfg)
+        acc = {**evaluate_all(trainer.model, tok, cfg), **fact_accuracy(trainer.model, tok, cfg)}
         p = models.n_params(trainer.model)
         metrics = {**acc, "stage": "pretrain", "model": model_name, "n_params": p,
                    "train_tokens": trainer.tokens.train, "flops": flops(p, trainer.tokens.train, 0),
