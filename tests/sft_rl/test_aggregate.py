@@ -227,6 +227,7 @@ def test_aggregate_writes_tables_that_show_diverged_runs(tmp_path):
     main = (tables / "sft_rl_main.md").read_text()
     abl = (tables / "sft_rl_bug_ablation.md").read_text()
     assert "diverged (3/3)" in main and CONSTANT in main
+    _check_macro_ci(df, tables / "sft_rl_main.csv")
     assert "(1/3 diverged)" in abl
     study = load_evidence([ev_path], SCALE)["sft_rl"]
     a8 = study["values"]["A8"]
@@ -237,6 +238,22 @@ def test_aggregate_writes_tables_that_show_diverged_runs(tmp_path):
     with pytest.raises(UserError, match="scale"):
         agg.write_aggregate(cfg, paths, "smoke", tmp_path / "other.csv")
     assert not (tmp_path / "other.csv").exists()
+
+
+def _check_macro_ci(df, main_csv):
+    """Each cell's macro_ci95 is scipy's t interval over its finished seeds, recomputed here from the CSV rows."""
+    import pandas as pd
+    from scipy import stats
+
+    table = pd.read_csv(main_csv, keep_default_na=False).set_index(["variant", "method"])
+    for (variant, method), g in df[df.status == "ok"].groupby(["variant", "method"]):
+        if (variant, method) not in table.index:
+            continue
+        x = g.acc_macro.astype(float)
+        want = "n/a" if len(x) < 2 else "[{:.1f}, {:.1f}]".format(
+            *stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x)))
+        assert table.loc[(variant, method), "macro_ci95"] == want, (variant, method)
+    assert table.loc[("fixed", "hpt"), "macro_ci95"] == "n/a"  # every seed diverged: no interval
 
 
 def test_missing_run_is_an_error(tmp_path):

@@ -2,7 +2,8 @@
 and the buggy infrastructure) and the bug ablation (SFT as each bug is fixed), each with the constant-answer row.
 
 A cell gives the mean ± sd over the seeds that finished and says how many diverged ("diverged (k/n)" when none
-finished): diverged runs are never averaged away in silence.
+finished): diverged runs are never averaged away in silence. The main table adds the 95% t interval of the mean
+macro accuracy over those seeds (`macro_ci95`), the interval a reader compares cells by.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 from pathlib import Path
 
 import pandas as pd
+from scipy import stats
 
 from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.aggregate import ACC, summarise
@@ -30,6 +32,15 @@ def _fmt(mean: float, sd: float, n: int, n_div: int, digits: int = 1) -> str:
     return s + (f" ({n_div}/{n} diverged)" if n_div else "")
 
 
+def _ci95(mean: float, sd: float, n: int, n_div: int, digits: int = 1) -> str:
+    """95% t interval of a mean over the n - n_div finished seeds ("n/a" with fewer than two)."""
+    k = n - n_div
+    if k < 2 or math.isnan(sd):
+        return "n/a"
+    low, high = stats.t.interval(0.95, k - 1, loc=mean, scale=sd / math.sqrt(k))
+    return f"[{low:.{digits}f}, {high:.{digits}f}]"
+
+
 def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md: Path) -> pd.DataFrame:
     s = summary[summary.variant.isin(plan.TABLE_VARIANTS)].copy()
     order = {m: i for i, m in enumerate(cfg.methods)}
@@ -38,6 +49,8 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
     for k in ACC:
         out[k.replace("acc_", "")] = [_fmt(a, b, n, d) for a, b, n, d in
                                      zip(s[f"{k}_mean"], s[f"{k}_sd"], s.n_seeds, s.n_diverged, strict=True)]
+    out["macro_ci95"] = [_ci95(a, b, n, d) for a, b, n, d in
+                         zip(s["acc_macro_mean"], s["acc_macro_sd"], s.n_seeds, s.n_diverged, strict=True)]
     out["nll_id"] = [_fmt(a, b, n, d, 3) for a, b, n, d in
                     zip(s["nll_id_mean"], s["nll_id_sd"], s.n_seeds, s.n_diverged, strict=True)]
     out["PFLOPs"] = [f"diverged ({d}/{n})" if d >= n else f"{x / 1e15:.4g}"
@@ -48,7 +61,7 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
     else:
         const = [{"model": "(any)", "variant": "-", "method": CONSTANT, "n_seeds": "-", "n_diverged": "-",
                   "run_variant": "-", **{x: f"{baseline['sets'][x]['acc']:.1f}" for x in EVAL_SETS},
-                  "macro": f"{baseline['acc_macro']:.1f}", "nll_id": "-", "PFLOPs": "0"}]
+                  "macro": f"{baseline['acc_macro']:.1f}", "macro_ci95": "-", "nll_id": "-", "PFLOPs": "0"}]
         out = pd.concat([out, pd.DataFrame(const)], ignore_index=True)
         answers = ", ".join(f"{x} '{baseline['sets'][x]['answer']}'" for x in EVAL_SETS)
         base_note = (f"constant_answer: always the most frequent answer of each eval set ({answers}), the best any "
@@ -56,7 +69,9 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
                      f"{GATE_MARGIN:g} points (`{GATE}`).")
     notes = [
         "Accuracy in points (exact match, greedy decoding), mean ± sd over the seeds that finished; a cell with "
-        "diverged seeds says how many ('diverged (k/n)' when none finished); macro = mean of id, long, ood.",
+        "diverged seeds says how many ('diverged (k/n)' when none finished); macro = mean of id, long, ood; "
+        "macro_ci95: the 95% t interval of the mean macro accuracy over the finished seeds (the claims pair seeds "
+        "across cells, so their intervals are narrower than two of these side by side suggest).",
         "nll_id: the secondary endpoint, teacher-forced NLL (nats/token) of the held-out `id` demonstrations "
         "(solution + EOS given the prompt), mean ± sd over seeds: no sampling, so far less noisy than accuracy.",
         "`fixed`: deepspeed 0.19.8 + global token mean; `both`: deepspeed 0.18.9 (CPU-offload accumulation bug) + "
