@@ -20,7 +20,8 @@ SFT_RL_TABLES = [f"{TABLES}/sft_rl_main.csv", f"{TABLES}/sft_rl_main.md",
                  f"{TABLES}/sft_rl_bug_ablation.csv", f"{TABLES}/sft_rl_bug_ablation.md"]
 SFT_RL_FIGURES = [f"{FIGURES}/sft_rl_score_vs_flops.png", f"{FIGURES}/sft_rl_reward_curves.png"]
 
-STUDY_RUNS["sft_rl"] = SFT_RL_RUNS
+# The runs table lists every run, the shared base models included (the aggregate reads the SFT and RL runs only).
+STUDY_RUNS["sft_rl"] = [f"{SFT_RL_ROOT}/{m['name']}/base/seed0/metrics.json" for m in SFT_RL["models"]] + SFT_RL_RUNS
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/sft_rl.json")
 REPORT_TARGETS.extend(SFT_RL_TABLES + SFT_RL_FIGURES)
 
