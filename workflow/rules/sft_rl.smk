@@ -1,6 +1,6 @@
 # Study A part 2 (sft_rl, arXiv 2604.23747): SFT-then-RL vs mixed-policy methods on fixed and buggy infrastructure,
 # TRL SFTTrainer / GRPOTrainer on DeepSpeed ZeRO-2 + CPU optimizer offload.
-#   results/<scale>/sft_rl/<model>/base/seed0/                  base model (pretrained on unlabeled task text), shared
+#   results/<scale>/sft_rl/<model>/base/seed0/                  base model (pretrained on task prompt -> completion pairs), shared
 #   results/<scale>/sft_rl/<model>/<variant>/sft/seed<k>/       SFT; ds_bug/both run under {DS0189_ENV}
 #   results/<scale>/sft_rl/<model>/<variant>/<method>/seed<k>/  rl, sft_then_rl, luffy, srft, relift, hpt (GRPO-based)
 #   results/<scale>/sft_rl/<model>/alignment/seed0/              micro-batch gradient Gram matrices (read by ds_audit A3)
@@ -21,7 +21,8 @@ SFT_RL_TABLES = [f"{TABLES}/sft_rl_main.csv", f"{TABLES}/sft_rl_main.md",
 SFT_RL_FIGURES = [f"{FIGURES}/sft_rl_score_vs_flops.png", f"{FIGURES}/sft_rl_reward_curves.png"]
 
 # The runs table lists every run, the shared base models included (the aggregate reads the SFT and RL runs only).
-STUDY_RUNS["sft_rl"] = [f"{SFT_RL_ROOT}/{m['name']}/base/seed0/metrics.json" for m in SFT_RL["models"]] + SFT_RL_RUNS
+SFT_RL_BASES = [f"{sft_rl_plan.base_dir(SFT_RL_ROOT, m['name'])}/metrics.json" for m in SFT_RL["models"]]
+STUDY_RUNS["sft_rl"] = SFT_RL_BASES + SFT_RL_RUNS
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/sft_rl.json")
 REPORT_TARGETS.extend(SFT_RL_TABLES + SFT_RL_FIGURES)
 

@@ -136,7 +136,8 @@ def pretrain_corpus(cfg: TaskConfig) -> list[dict[str, str]]:
         i += 1
         if i % 3:
             a, b, op = rng.randrange(cfg.modulus), rng.randrange(cfg.modulus), rng.choice("+-*")
-            lines.append({"prompt": f"{a}{op}{b}=", "completion": str(OPS[op](a, b, cfg.modulus))})
+            prompt, answer = _fact(a, op, b, cfg.modulus)
+            lines.append({"prompt": prompt, "completion": answer})
         else:
             lo, hi = cfg.pretrain_worked_ops
             p = _random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus)
@@ -145,10 +146,14 @@ def pretrain_corpus(cfg: TaskConfig) -> list[dict[str, str]]:
     return lines
 
 
+def _fact(a: int, op: str, b: int, modulus: int) -> tuple[str, str]:
+    return f"{a}{op}{b}=", str(OPS[op](a, b, modulus))
+
+
 def fact_table(cfg: TaskConfig) -> list[tuple[str, str]]:
     """Every operator fact as (prompt, answer), e.g. ("3*4=", "2"): what pretraining must teach."""
     m = cfg.modulus
-    return [(f"{a}{op}{b}=", str(OPS[op](a, b, m))) for op in OPS for a in range(m) for b in range(m)]
+    return [_fact(a, op, b, m) for op in OPS for a in range(m) for b in range(m)]
 
 
 def heldout_prompts(cfg: TaskConfig) -> set[str]:
