@@ -358,3 +358,24 @@ def test_main_table_reports_gap_intervals_extra_steps_and_the_plateau_gate():
     assert main.loc["adamw", "plateau_gate"] == "pass"
     main = main_table(Gaps(_runs({**HOLDS, "plateau": 0.2}), CFG)).set_index("optimizer")
     assert main.loc["muon", "plateau_gate"] == "FAIL"
+
+
+def test_length_table_gives_each_budget_its_gap_limit_and_gate():
+    from gradfidelity.studies.async_pp.analysis import length_table
+
+    runs = _runs(HOLDS)
+    short, long = sorted(CFG["sweeps"]["length"]["steps"])
+    runs.loc[runs.steps == short, "plateau_delta"] = 0.2  # still falling at the short budget only
+    table = length_table(Gaps(runs, CFG)).set_index(["optimizer", "steps"])
+    tuned = runs[(runs.lr == "tuned") & (runs.mitigation == "none") & (runs.depth == 1) & (runs["head"] == "tied")
+                 & (runs.optimizer == "muon") & (runs.momentum == DEFAULTS["muon"]["momentum"])]
+    for steps, gate in ((short, "FAIL"), (long, "pass")):
+        at = tuned[tuned.steps == steps].pivot(index="seed", columns="schedule", values="final_val_loss")
+        gap, sync = (at["2bw"] - at["sync"]).mean(), at["sync"].mean()
+        row = table.loc[("muon", steps)]
+        assert row["gap"] == pytest.approx(gap) and row["sync"] == pytest.approx(sync)
+        # Muon's gap (0.01) is below 1% of its sync loss (~2.01): the floor sets the limit
+        limit = 0.25 * max(abs(gap), 0.01 * sync)
+        assert row["plateau_limit"] == pytest.approx(limit) and limit == pytest.approx(0.25 * 0.01 * sync)
+        assert row["plateau_gate"] == gate and row["seeds"] == 3
+        assert row["tokens"] == steps * CFG["train"]["batch_size"] * CFG["train"]["seq_len"]

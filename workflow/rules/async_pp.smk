@@ -23,7 +23,8 @@ ASYNC_PP_METRICS = [c.metrics(ASYNC_PP_ROOT) for c in _ap_cells(ASYNC_PP_CFG)]
 ASYNC_PP_SELECTION = f"{ASYNC_PP_ROOT}/lr_selection.json"
 ASYNC_PP_TABLES = [f"{TABLES}/async_pp_main.csv", f"{TABLES}/async_pp_main.md",
                    f"{TABLES}/async_pp_mitigations.csv", f"{TABLES}/async_pp_mitigations.md",
-                   f"{TABLES}/async_pp_lr_selection.csv", f"{TABLES}/async_pp_lr_selection.md"]
+                   f"{TABLES}/async_pp_lr_selection.csv", f"{TABLES}/async_pp_lr_selection.md",
+                   f"{TABLES}/async_pp_length.csv", f"{TABLES}/async_pp_length.md"]
 ASYNC_PP_FIGURES = [f"{FIGURES}/async_pp_momentum.png", f"{FIGURES}/async_pp_depth.png",
                     f"{FIGURES}/async_pp_gap_vs_tokens.png", f"{FIGURES}/async_pp_curves.png"]
 # Minutes per training job (one cell); paper scale trains for days per cell on accelerators.
@@ -120,6 +121,8 @@ rule async_pp_tables:
         main_md=report(f"{TABLES}/async_pp_main.md", category="async_pp"),
         mitigations=report(f"{TABLES}/async_pp_mitigations.csv", category="async_pp"),
         mitigations_md=report(f"{TABLES}/async_pp_mitigations.md", category="async_pp"),
+        length=report(f"{TABLES}/async_pp_length.csv", category="async_pp"),
+        length_md=report(f"{TABLES}/async_pp_length.md", category="async_pp"),
     params:
         cfg=_ap_sections(ASYNC_PP_CFG, "seeds", "model", "train", "sweeps"),
         gf=GF,
@@ -134,7 +137,8 @@ rule async_pp_tables:
         runtime=5,
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --curves {input.curves} "
-        "--scale {params.scale} --main-table {output.main} --mitigations-table {output.mitigations} > {log} 2>&1"
+        "--scale {params.scale} --main-table {output.main} --mitigations-table {output.mitigations} "
+        "--length-table {output.length} > {log} 2>&1"
 
 
 rule async_pp_figures:
@@ -170,6 +174,7 @@ rule async_pp_claims:
         main=f"{TABLES}/async_pp_main.csv",
         mitigations=f"{TABLES}/async_pp_mitigations.csv",
         lr_selection=f"{TABLES}/async_pp_lr_selection.csv",
+        length=f"{TABLES}/async_pp_length.csv",
     output:
         f"{RESULTS}/claims/async_pp.json",
     params:
@@ -187,6 +192,7 @@ rule async_pp_claims:
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} --claims {output} "
         "--claim-source {input.main} --claim-source {input.mitigations} --claim-source {input.lr_selection} "
+        "--claim-source {input.length} "
         "> {log} 2>&1"
 
 

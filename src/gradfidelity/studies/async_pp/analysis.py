@@ -226,6 +226,12 @@ def extra_steps(steps, val_loss, target: float) -> float:
     return float(s[-1] - (s[i - 1] + frac * (s[i] - s[i - 1])))
 
 
+def plateau_limit(gap_mean: float, sync_mean: float) -> float:
+    """The largest |sync change over the last 10% of steps| the gate accepts: a quarter of |gap|, or of 1% of
+    the sync loss when the gap is smaller than that."""
+    return PLATEAU_SHARE * max(abs(gap_mean), PLATEAU_FLOOR * sync_mean)
+
+
 def plateau_gate(p: Paired, items: list[tuple[str, str, np.ndarray]]) -> list[dict]:
     """The sync plateau gate for the optimizers of a claim: items = (label, sync cell name in p, per-seed gap)."""
     if p.n == 0:
@@ -233,8 +239,7 @@ def plateau_gate(p: Paired, items: list[tuple[str, str, np.ndarray]]) -> list[di
     ok, parts = True, []
     for label, sync_name, gaps in items:
         delta = float(np.mean(p.plateau[sync_name]))
-        ref = max(abs(float(np.mean(gaps))), PLATEAU_FLOOR * float(np.mean(p[sync_name])))
-        limit = PLATEAU_SHARE * ref
+        limit = plateau_limit(float(np.mean(gaps)), float(np.mean(p[sync_name])))
         passed = math.isfinite(delta) and abs(delta) < limit
         ok &= passed
         parts.append(f"{label}: sync changed {delta:.4g} over the last 10% of steps, limit {limit:.4g} "
@@ -266,23 +271,44 @@ def _curve(curves: pd.DataFrame | None, g: Gaps, spec: Spec, seed: int):
     return c.step.to_numpy(), c.val_loss.to_numpy()
 
 
+def _gap_row(p: Paired, sync: str, asyn: str, level: float) -> dict:
+    """sync, async, the gap with its t interval, and the sync plateau gate of one optimizer's paired cells."""
+    gap = p[asyn] - p[sync]
+    ci = mean_ci(gap, level) if p.n else {"low": None, "high": None}
+    gates = plateau_gate(p, [("", sync, gap)])
+    return {"sync": _mean(p[sync]), "async_2bw": _mean(p[asyn]), "gap": _mean(gap),
+            "gap_low": math.nan if ci["low"] is None else ci["low"],
+            "gap_high": math.nan if ci["high"] is None else ci["high"],
+            "gap_pct_of_sync": _mean(100 * gap / p[sync]), "sync_plateau_delta": _mean(p.plateau[sync]),
+            "plateau_limit": plateau_limit(_mean(gap), _mean(p[sync])) if p.n else math.nan,
+            "plateau_gate": ("pass" if gates[0]["passed"] else "FAIL") if gates else "n/a"}
+
+
 def main_table(g: Gaps, curves: pd.DataFrame | None = None) -> pd.DataFrame:
     rows = []
     level = level_for("B1-abs")
     for opt in g.cfg["sweeps"]["main"]["optimizers"]:
         p = g.paired({"sync": Spec(opt), "2bw": Spec(opt, "2bw")})
-        gap = p["2bw"] - p["sync"]
-        ci = mean_ci(gap, level) if p.n else {"low": None, "high": None}
+        row = _gap_row(p, "sync", "2bw", level)
         extra = [extra_steps(*_curve(curves, g, Spec(opt), s), p["2bw"][i]) for i, s in enumerate(p.seeds)]
-        gates = plateau_gate(p, [(opt, "sync", gap)])
-        rows.append({"optimizer": opt, "sync": _mean(p["sync"]), "async_2bw": _mean(p["2bw"]), "gap": _mean(gap),
-                     "gap_low": math.nan if ci["low"] is None else ci["low"],
-                     "gap_high": math.nan if ci["high"] is None else ci["high"],
-                     "gap_pct_of_sync": _mean(100 * gap / p["sync"]), "extra_steps": _mean(extra),
-                     "extra_steps_pct": _mean(100 * np.asarray(extra, dtype=float) / g.steps),
-                     "sync_plateau_delta": _mean(p.plateau["sync"]),
-                     "plateau_gate": ("pass" if gates[0]["passed"] else "FAIL") if gates else "n/a",
+        gate_cols = {k: row.pop(k) for k in ("sync_plateau_delta", "plateau_limit", "plateau_gate")}
+        rows.append({"optimizer": opt, **row, "extra_steps": _mean(extra),
+                     "extra_steps_pct": _mean(100 * np.asarray(extra, dtype=float) / g.steps), **gate_cols,
                      "seeds": p.n, "diverged": _diverged_cell(p)})
+    return pd.DataFrame(rows)
+
+
+def length_table(g: Gaps) -> pd.DataFrame:
+    """The length sweep: per optimizer and budget (separate runs, each with its full LR schedule), the gap and
+    the sync plateau gate. It shows how the gap and the sync loss's end-of-run change scale with the budget."""
+    rows = []
+    sw = g.cfg["sweeps"]["length"]
+    tok = int(g.cfg["train"]["batch_size"]) * int(g.cfg["train"]["seq_len"])
+    for opt in sw["optimizers"]:
+        for steps in sorted(int(s) for s in sw["steps"]):
+            p = g.paired({"sync": Spec(opt, steps=steps), "2bw": Spec(opt, "2bw", steps=steps)})
+            rows.append({"optimizer": opt, "steps": steps, "tokens": steps * tok,
+                         **_gap_row(p, "sync", "2bw", level_for("B7")), "seeds": p.n, "diverged": _diverged_cell(p)})
     return pd.DataFrame(rows)
 
 

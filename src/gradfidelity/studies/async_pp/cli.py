@@ -64,7 +64,7 @@ def _report(args) -> int:
 
         curves = pd.read_csv(args.curves) if args.curves else None
         write_tables(Gaps(read_runs(args.runs, args.scale), cfg), args.main_table, args.mitigations_table,
-                     args.scale, curves)
+                     args.scale, curves, args.length_table)
     if args.fig_momentum:
         from gradfidelity.studies.async_pp.report import write_figures
 
@@ -120,7 +120,7 @@ def register(sub) -> None:
     p.add_argument("--runs", required=True)
     p.add_argument("--curves")
     p.add_argument("--scale", required=True)
-    for opt in ("main-table", "mitigations-table", "fig-momentum", "fig-depth", "fig-gap-vs-tokens",
+    for opt in ("main-table", "mitigations-table", "length-table", "fig-momentum", "fig-depth", "fig-gap-vs-tokens",
                 "fig-curves", "claims"):
         p.add_argument(f"--{opt}")
     p.add_argument("--claim-source", action="append", help="a path (e.g. a table) to list among every claim "
