@@ -82,6 +82,20 @@ def test_wsd_schedule():
     assert f[9] == pytest.approx(0.1) and f[6] == pytest.approx(1 - 0.9 * 0.25)
 
 
+def test_wsd_stable_and_decay_phases_match_transformers():
+    """The independent reference: transformers' WSD schedule, evaluated after t+1 steps, on the stable and decay
+    phases (its warmup starts from min_lr_ratio, ours from 0: the docstring of lr_factor says why ours is kept)."""
+    from transformers import get_wsd_schedule
+
+    total, warmup, decay = 200, 10, 40
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ref = get_wsd_schedule(opt, num_warmup_steps=warmup, num_decay_steps=decay, num_training_steps=total,
+                           min_lr_ratio=0.1, decay_type="linear").lr_lambdas[0]
+    for t in range(warmup, total):
+        assert lr_factor(t, total, warmup, decay) == pytest.approx(ref(t + 1), abs=1e-12), t
+    assert lr_factor(0, total, warmup, decay) == pytest.approx(1 / warmup)  # ours, from 0 (ref(1) = 0.19)
+
+
 def _one_step(name, named, zero_grad_for=()):
     opt = build_optimizer(name, named)
     for n, p in named:

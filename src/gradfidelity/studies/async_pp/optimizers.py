@@ -121,7 +121,12 @@ def set_lr_factor(opt: torch.optim.Optimizer, factor: float) -> None:
 
 def lr_factor(step: int, total: int, warmup: int, decay: int, final: float = 0.1) -> float:
     """Warmup-stable-decay: linear warmup over `warmup` steps, constant, linear decay to `final` over the last
-    `decay` steps (the 'cooldown' that the sync_cooldown mitigation runs without delay)."""
+    `decay` steps (the 'cooldown' that the sync_cooldown mitigation runs without delay). The factor applied at
+    step t is the one after t+1 steps (step 0 already trains at 1/warmup).
+
+    Not `transformers.get_wsd_schedule`: its warmup also rises from `min_lr_ratio` (here 0.1, not 0), and the
+    sync_cooldown mitigation needs the decay boundary as a step count anyway. Its stable and decay phases are the
+    same function, which tests/async_pp/test_data_optim.py checks against it."""
     if step < warmup:
         return (step + 1) / warmup
     if decay > 0 and step >= total - decay:
