@@ -379,3 +379,12 @@ def test_length_table_gives_each_budget_its_gap_limit_and_gate():
         assert row["plateau_limit"] == pytest.approx(limit) and limit == pytest.approx(0.25 * 0.01 * sync)
         assert row["plateau_gate"] == gate and row["seeds"] == 3
         assert row["tokens"] == steps * CFG["train"]["batch_size"] * CFG["train"]["seq_len"]
+
+
+@pytest.mark.parametrize("muon_gap", [0.01, -0.01])  # log axis; symlog when a gap is <= 0
+def test_gap_vs_tokens_figure_draws_positive_and_negative_gaps(tmp_path, muon_gap):
+    from gradfidelity.studies.async_pp.report import fig_gap_vs_tokens
+
+    path = tmp_path / "gap_vs_tokens.png"
+    fig_gap_vs_tokens(Gaps(_runs({**HOLDS, "gap": {**HOLDS["gap"], "muon": muon_gap}}), CFG), str(path))
+    assert path.stat().st_size > 0 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
