@@ -381,10 +381,26 @@ def test_length_table_gives_each_budget_its_gap_limit_and_gate():
         assert row["tokens"] == steps * CFG["train"]["batch_size"] * CFG["train"]["seq_len"]
 
 
-@pytest.mark.parametrize("muon_gap", [0.01, -0.01])  # log axis; symlog when a gap is <= 0
-def test_gap_vs_tokens_figure_draws_positive_and_negative_gaps(tmp_path, muon_gap):
-    from gradfidelity.studies.async_pp.report import fig_gap_vs_tokens
+@pytest.mark.parametrize(("muon_gap", "scale"), [(0.01, "log"), (-0.01, "symlog")])
+def test_gap_vs_tokens_figure_plots_the_length_table_on_the_right_axis(tmp_path, monkeypatch, muon_gap, scale):
+    from gradfidelity.studies.async_pp import report
+    from gradfidelity.studies.async_pp.analysis import length_table
 
+    seen = {}
+
+    def spy(fig, path, caption=None):  # what the figure shows, read before it is saved and closed
+        ax = fig.axes[0]
+        seen.update(scale=ax.get_yscale(), lines={ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()})
+        return save_figure(fig, path, caption)
+
+    save_figure = report.save_figure
+    monkeypatch.setattr(report, "save_figure", spy)
+    g = Gaps(_runs({**HOLDS, "gap": {**HOLDS["gap"], "muon": muon_gap}}), CFG)
     path = tmp_path / "gap_vs_tokens.png"
-    fig_gap_vs_tokens(Gaps(_runs({**HOLDS, "gap": {**HOLDS["gap"], "muon": muon_gap}}), CFG), str(path))
-    assert path.stat().st_size > 0 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report.fig_gap_vs_tokens(g, str(path))
+    muon = length_table(g).query("optimizer == 'muon'")
+    assert seen["scale"] == scale
+    assert seen["lines"]["muon gap"] == pytest.approx(list(muon.gap))
+    assert (muon.gap < 0).all() == (muon_gap < 0)
+    assert seen["lines"]["muon gate limit"] == pytest.approx(list(muon.plateau_limit))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
