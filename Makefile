@@ -20,8 +20,14 @@ export XDG_CACHE_HOME := $(CURDIR)/.cache/xdg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DS_ACCELERATOR := cpu
 
-.PHONY: setup reproduce run test cpu-data docs lint dryrun report clean-results
-setup: $(VENV)/.stamp $(DS_BUGGY)/.stamp
+.PHONY: setup reproduce run test test-fast lint-only check-reference cpu-data docs lint dryrun report clean-results
+setup: $(VENV)/.stamp $(DS_BUGGY)/.stamp $(VENV)/.checkout-env
+
+# A .pth line that keeps every cache of this venv's programs in .cache/ (src/gradfidelity/checkout_env.py): a
+# direct `.venv/bin/snakemake ...` writes nothing to the home directory either.
+$(VENV)/.checkout-env: $(VENV)/.stamp src/gradfidelity/checkout_env.py
+	$(PY) -c "import site, pathlib, gradfidelity.checkout_env as e; pathlib.Path(site.getsitepackages()[0], e.PTH_NAME).write_text(e.PTH_LINE)"
+	touch $@
 
 $(VENV)/.stamp: envs/requirements.txt envs/dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,21 +63,43 @@ run:
 	$(PY) -m gradfidelity unlock-stale --snakemake $(VENV)/bin/snakemake
 	$(VENV)/bin/snakemake $(TARGETS) -c$(CORES) --config scale=$(SCALE) $(CONFIG)
 
+# The test tiers. FAST: unit tests, no end-to-end DAG, no DeepSpeed launch, nothing slow (at most 3 minutes on 2
+# cores). REST: everything else. `make test` is the whole suite: lint, then FAST, then REST, each tier's time printed
+# (.ci/run calls it). CONTRIBUTING.md says which to run when.
+FAST := not slow and not e2e and not deepspeed
+PYTEST := $(VENV)/bin/python -m pytest -q -p no:cacheprovider
+tier = t0=$$(date +%s); $(2); rc=$$?; echo "== tier $(1): $$(( $$(date +%s) - t0 )) s (exit $$rc)"; exit $$rc
+
 test: setup
+	@$(call tier,lint,$(MAKE) --no-print-directory lint-only)
+	@$(call tier,fast,$(PYTEST) -m "$(FAST)" tests)
+	@$(call tier,rest,$(PYTEST) --durations=15 -m "not ($(FAST))" tests)
+
+test-fast: setup
+	@$(call tier,fast,$(PYTEST) --durations=10 -m "$(FAST)" tests)
+
+lint-only:
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/snakemake --lint
-	$(VENV)/bin/python -m pytest -q --durations=15 tests
+
+# The reviewer's check of the committed cpu results: a fixed stratified sample of runs (every study) rerun in a
+# scratch copy, every training metric compared with results/cpu/runs/*.csv; a table, exit 1 on a mismatch.
+check-reference: setup cpu-data
+	$(PY) -m gradfidelity check-reference --cores $(CORES)
 
 # The cpu scale's real-text corpus for study C: Debian's python3.11-doc (PSF licence; docs/sources.md, Study C).
+# Pinned: the corpus's MD5 (LOCAL_PYDOCS_MD5 in workflow/rules/data.smk) is that release's; Debian's older point
+# release (deb12u8) gives another text, and the committed cpu runs of study C were made on deb12u9.
+PYDOCS_VERSION := 3.11.2-6+deb12u9
 cpu-data:
-	dpkg -s python3.11-doc >/dev/null 2>&1 || apt-get install -y -q python3.11-doc
+	@if [ "$$(dpkg-query -W -f='$${Version}' python3.11-doc 2>/dev/null)" != "$(PYDOCS_VERSION)" ]; then \
+	  apt-get update -q && apt-get install -y -q --allow-downgrades python3.11-doc=$(PYDOCS_VERSION); \
+	fi
 
 docs: setup  # the README's claims-to-targets table, from the registry and Snakemake's dry runs
 	$(PY) -m gradfidelity docs --readme README.md
 
-lint: setup
-	$(VENV)/bin/ruff check src tests
-	$(VENV)/bin/snakemake --lint
+lint: setup lint-only
 
 dryrun: setup
 	$(VENV)/bin/snakemake -n --config scale=$(SCALE)

@@ -1,6 +1,7 @@
 """The README cannot drift: its generated table equals what `make docs` writes, and every snakemake command it shows
 runs as written (as a dry run) and plans exactly the jobs it says; no absolute path of the checkout in any command."""
 
+import os
 import re
 import shlex
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gradfidelity.checkout_env import CACHES
 from gradfidelity.docs import BEGIN, END, render
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +55,7 @@ SNAKEMAKE_COMMANDS = [c for c in _commands(".venv/bin/snakemake") if "--report" 
                       and "--list-rules" not in c]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", SNAKEMAKE_COMMANDS)
 def test_readme_snakemake_command_plans(cmd):
     res = _dry(cmd if "--forceall" in cmd or "scale=bogus" in cmd or "bogus_key" in cmd else cmd + " --forceall")
@@ -65,6 +68,29 @@ def test_readme_snakemake_command_plans(cmd):
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_home_stays_empty_through_the_readme_commands(tmp_path):
+    """The README's commands as written (`.venv/bin/snakemake ...`, `.venv/bin/gradfidelity ...`), run with HOME at an
+    empty folder and without the cache variables the Makefile exports: the venv keeps every cache in the checkout.
+    (Before, Snakemake's source cache went to ~/.cache/snakemake.) The smoke DAG test runs real jobs the same way."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in (*CACHES, "HF_HUB_OFFLINE")}
+    env["HOME"] = str(home)
+    venv = REPO / ".venv" / "bin"
+    if not (venv / "snakemake").exists():
+        pytest.skip("no .venv in this checkout (make setup creates it)")
+    commands = [c for c in SNAKEMAKE_COMMANDS if "bogus" not in c] + _commands(".venv/bin/gradfidelity claim")
+    assert len(commands) >= 5
+    for cmd in commands:
+        argv = shlex.split(cmd)
+        argv = [str(REPO / argv[0]), *(["-n"] if argv[0].endswith("snakemake") else []), *argv[1:]]
+        res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+        assert res.returncode == 0, cmd + res.stderr[-2000:]
+        assert not list(home.rglob("*")), f"{cmd} wrote {list(home.rglob('*'))[:5]}"
+
+
+@pytest.mark.slow
 def test_table_job_counts_are_what_snakemake_plans():
     block = README.split(BEGIN, 1)[1].split(END, 1)[0].split("Every claim:", 1)[0]
     rows = [line for line in block.splitlines() if line.startswith("| ")][1:]
@@ -78,6 +104,7 @@ def test_table_job_counts_are_what_snakemake_plans():
         assert _job_counts(res.stdout)["total"] == smoke_jobs, cmd
 
 
+@pytest.mark.slow
 def test_one_rule_rerun_plans_only_that_rule():
     cmd = next(c for c in SNAKEMAKE_COMMANDS if "--forcerun" in c)
     res = _dry(cmd)
@@ -93,6 +120,7 @@ def test_shell_commands_hold_no_absolute_path_of_the_checkout():
     assert shells and not [s for s in shells if str(REPO) in s]
 
 
+@pytest.mark.slow
 def test_readme_gradfidelity_commands_run(tmp_path):
     cmds = _commands(".venv/bin/gradfidelity claim")
     assert cmds
@@ -102,6 +130,7 @@ def test_readme_gradfidelity_commands_run(tmp_path):
         assert res.returncode == 0, cmd + res.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_printed_rebuild_command_rebuilds_only_that_evidence():
     """`gradfidelity claim C4` prints a command; run as printed (dry run), it plans the local study's jobs only."""
     out = subprocess.run([sys.executable, "-m", "gradfidelity", "claim", "C4", "--scale", "smoke"], cwd=REPO,

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 
 from gradfidelity.harness import Run, load_runs
 from gradfidelity.harness import io as harness_io
+from gradfidelity.harness.integrity import load_checkpoint, save_checkpoint
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.memory import PeakPSS, tree_pss_bytes
 from gradfidelity.harness.run import SCALE_ENV
@@ -49,19 +50,20 @@ def straight(tmp_path_factory):
     return _metrics(out)
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_gives_identical_metrics(tmp_path, straight):
     steps = STEPS
     proc = _run(tmp_path / "killed", steps, "--sleep", "0.05", wait=False)
     ckpt = tmp_path / "killed" / "checkpoint.pt"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until at least one checkpoint past step 8 exists
-        if ckpt.exists() and torch.load(ckpt, weights_only=True)["step"] >= 8:
+        if ckpt.exists() and load_checkpoint(ckpt)["step"] >= 8:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "killed" / "metrics.json").exists(), "a killed run must not leave a result"
-    killed_at = torch.load(ckpt, weights_only=True)["step"]
+    killed_at = load_checkpoint(ckpt)["step"]
     assert 8 <= killed_at < steps
     _run(tmp_path / "killed", steps)  # the rerun resumes from the checkpoint
     a, b = straight, _metrics(tmp_path / "killed")
@@ -77,9 +79,10 @@ def _die_midway(out, die_at):
     proc = subprocess.run([sys.executable, str(FIXTURE), str(out), str(STEPS), "--die-at", str(die_at)], timeout=300)
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "metrics.json").exists()
-    return torch.load(out / "checkpoint.pt", weights_only=True)["step"]
+    return load_checkpoint(out / "checkpoint.pt")["step"]
 
 
+@pytest.mark.slow
 def test_resume_restores_rng_and_a_resume_without_it_differs(tmp_path, straight):
     """The guard that keeps the resume test from being vacuous: both reruns really resume from a mid-run checkpoint;
     the one that restores the RNG states matches the uninterrupted run, the one that skips them does not."""
@@ -165,7 +168,7 @@ def test_atomic_writers_give_the_mode_a_plain_open_would(tmp_path, umask, mode):
     writers = {
         "a.txt": lambda p: harness_io.atomic_write_text(p, "x"),
         "a.json": lambda p: harness_io.atomic_write_json(p, {"v": 1}),
-        "a.pt": lambda p: harness_io.atomic_torch_save(p, {"w": torch.zeros(2)}),
+        "a.pt": lambda p: save_checkpoint(p, {"w": torch.zeros(2)}),
         "a.png": lambda p: harness_io.atomic_savefig(fig, p),
         "a.csv": lambda p: harness_io.atomic_write_csv(pd.DataFrame({"a": [1]}), p),
     }

@@ -2,6 +2,7 @@
 smoke run in a temporary copy of the repository."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gradfidelity.checkout_env import CACHES
 from gradfidelity.claims.verify import (
     ARITHMETIC_OK,
     INCONCLUSIVE,
@@ -22,6 +24,7 @@ from gradfidelity.claims.verify import (
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+CACHE_VARIABLES = (*CACHES, "HF_HUB_OFFLINE")
 _IGNORE = shutil.ignore_patterns(".venv", ".venv-ds0189", ".cache", ".snakemake", "results", ".git", "__pycache__",
                                  ".pytest_cache", ".ruff_cache")
 
@@ -34,8 +37,16 @@ def COPY_IGNORE(directory, names):
     return ignored
 
 
-def _smk(*args, cwd=REPO, timeout=300):
-    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _smk(*args, cwd=REPO, timeout=300, env=None):
+    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def home_only_env(home: Path) -> dict:
+    """This process's environment with HOME at `home` and none of the cache variables that the Makefile, common.smk
+    and conftest set: whatever keeps the caches in the checkout must then come from the venv itself."""
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
+    env["HOME"] = str(home)
+    return env
 
 
 def test_unknown_scale_fails_before_any_job_naming_the_key():
@@ -52,6 +63,7 @@ def test_wrong_type_fails_naming_the_key():
     assert "'threads'" in res.stdout + res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "paper"])
 def test_dry_run_lists_jobs(scale):
     res = _smk("-n", "--forceall", "--config", f"scale={scale}")  # every job, whatever is built already
@@ -64,6 +76,7 @@ def test_lint_is_clean():
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_cli_missing_input_exits_2_naming_the_path(tmp_path):
     res = subprocess.run([sys.executable, "-m", "gradfidelity", "verify", "--evidence", str(tmp_path / "no.json"),
                           "--csv", str(tmp_path / "c.csv"), "--md", str(tmp_path / "c.md"), "--scale", "smoke"],
@@ -82,7 +95,9 @@ def test_smoke_dag_end_to_end(tmp_path):
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=COPY_IGNORE)
     overlay = f"deepspeed_buggy_overlay={REPO / '.venv-ds0189'}"
-    res = _smk("-c2", "--config", overlay, cwd=work, timeout=45 * 60)
+    home = tmp_path / "home"  # every job of the DAG runs with an empty home, which must stay empty
+    home.mkdir()
+    res = _smk("-c2", "--config", overlay, cwd=work, timeout=45 * 60, env=home_only_env(home))
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-6000:]
     claims = pd.read_csv(work / "paper_tables" / "smoke" / "claims.csv").set_index("id")
     assert set(claims["verdict"]) <= set(VERDICTS)
@@ -102,14 +117,16 @@ def test_smoke_dag_end_to_end(tmp_path):
     assert {"run_id", "seed", "status", "git_sha", "cpu_model", "torch_num_threads", "wall_s"} <= set(runs.columns)
     assert not (work / "paper_tables" / "cpu").exists(), "a smoke run must not write another scale's outputs"
     assert (work / "figures" / "smoke" / "claims.png").stat().st_size > 10_000
-    res = _smk("-c2", "--config", overlay, "--report", "results/smoke/report.html", cwd=work, timeout=600)
+    res = _smk("-c2", "--config", overlay, "--report", "results/smoke/report.html", cwd=work, timeout=600,
+               env=home_only_env(home))
     assert res.returncode == 0, res.stderr[-3000:]
     html = (work / "results" / "smoke" / "report.html").read_text()
     landing = html.index("every paper claim at scale smoke")
     first_image = html.index("data:image/png;base64")
     assert landing < first_image < landing + 5000, "the report opens on the summary with the claims figure"
     start = time.monotonic()
-    res = _smk("-c2", "--config", overlay, cwd=work, timeout=120)
+    res = _smk("-c2", "--config", overlay, cwd=work, timeout=120, env=home_only_env(home))
     assert res.returncode == 0
     assert "Nothing to be done" in res.stdout + res.stderr
     print(f"no-op rerun: {time.monotonic() - start:.1f} s")
+    assert not list(home.rglob("*")), f"written to the home directory: {list(home.rglob('*'))[:5]}"

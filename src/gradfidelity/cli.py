@@ -43,6 +43,15 @@ def _unlock_stale(args) -> int:
     return 0
 
 
+def _check_reference(args) -> int:
+    from pathlib import Path
+
+    from gradfidelity.reference import check_reference
+
+    return check_reference(Path(args.repo), workdir=Path(args.workdir) if args.workdir else None, cores=args.cores,
+                           budget_s=args.budget_s, extra_config=tuple(args.config), cross_host=args.cross_host)
+
+
 def _claim(args) -> int:
     from gradfidelity.claims.explain import explain_claim, list_claims
 
@@ -106,6 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("unlock-stale", help="remove Snakemake's lock left by a killed run (never a live one's)")
     p.add_argument("--snakemake", default="snakemake", help="the snakemake executable")
     p.set_defaults(func=_unlock_stale)
+
+    p = sub.add_parser("check-reference", help="rerun a fixed stratified sample of the committed cpu runs and "
+                       "compare every training metric with the committed runs tables (exit 1 on a mismatch)")
+    p.add_argument("--repo", default=".", help="the checkout whose committed results/cpu/runs/*.csv are checked")
+    p.add_argument("--workdir", default=None,
+                   help="where the scratch copy runs (default: a temporary folder, removed afterwards)")
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="the sample's committed wall time (default: gradfidelity.reference.BUDGET_S)")
+    p.add_argument("--config", nargs="*", default=[], help="extra snakemake --config items (key=value)")
+    p.add_argument("--cross-host", action="store_true",
+                   help="apply the cross-host tolerance even on the recorded CPU model (to measure drift)")
+    p.set_defaults(func=_check_reference)
 
     p = sub.add_parser("claim", help="one claim with everything behind it: evidence, verdict, runs, rebuild command")
     p.add_argument("id", nargs="?", help="claim id, e.g. C4 (see --list)")

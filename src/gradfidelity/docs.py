@@ -83,12 +83,45 @@ def claim_rows() -> str:
     return "\n".join(lines)
 
 
+COUNTS_BEGIN = "<!-- BEGIN GENERATED: cpu-verdicts (make docs) -->"
+COUNTS_END = "<!-- END GENERATED: cpu-verdicts -->"
+# the paper each study's claims belong to (study A has two packages; C5 is study C's arithmetic)
+PAPER_OF = {"ds_audit": "A", "sft_rl": "A", "async_pp": "B", "local": "C", "stats": "C"}
+
+
+def verdict_counts(cwd: Path) -> str:
+    """The committed cpu claims report's verdicts, counted per paper: the README's first table."""
+    import pandas as pd
+
+    path = Path(cwd) / "paper_tables" / "cpu" / "claims.csv"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the committed cpu claims report")
+    claims = pd.read_csv(path)
+    unknown = set(claims["study"]) - set(PAPER_OF)
+    if unknown:
+        raise UserError(f"{path}: studies {sorted(unknown)} belong to no paper in gradfidelity.docs.PAPER_OF")
+    claims["paper"] = claims["study"].map(PAPER_OF)
+    papers = sorted(set(PAPER_OF.values()))
+    lines = ["| verdict (cpu scale) | " + " | ".join(f"study {p}" for p in papers) + " | all |",
+             "|---|" + "---:|" * (len(papers) + 1)]
+    counts = claims.groupby(["verdict", "paper"]).size()
+    for verdict, total in claims["verdict"].value_counts().items():
+        cells = [str(counts.get((verdict, p), 0)) for p in papers]
+        lines.append(f"| *{verdict}* | " + " | ".join(cells) + f" | {total} |")
+    return "\n".join(lines)
+
+
+def _replace_block(text: str, begin: str, end: str, body: str) -> str:
+    if begin not in text or end not in text:
+        raise UserError(f"README lacks the generated-block markers {begin!r} ... {end!r}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
 def render(readme: str, cwd: Path) -> str:
-    if BEGIN not in readme or END not in readme:
-        raise UserError(f"README lacks the generated-block markers {BEGIN!r} ... {END!r}")
-    head, rest = readme.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{claims_table(cwd)}\n\nEvery claim:\n\n{claim_rows()}\n{END}{tail}"
+    text = _replace_block(readme, COUNTS_BEGIN, COUNTS_END, verdict_counts(cwd))
+    return _replace_block(text, BEGIN, END, f"{claims_table(cwd)}\n\nEvery claim:\n\n{claim_rows()}")
 
 
 def write_or_check(readme_path: Path, check: bool) -> int:
@@ -101,5 +134,5 @@ def write_or_check(readme_path: Path, check: bool) -> int:
         return 0
     if new != text:
         atomic_write_text(readme_path, new)
-    print(f"{readme_path}: claims-to-targets table {'rewritten' if new != text else 'already up to date'}")
+    print(f"{readme_path}: generated tables {'rewritten' if new != text else 'already up to date'}")
     return 0

@@ -35,6 +35,7 @@ def test_unknown_version_exits_2(capsys):
     assert "no pinned overlay" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_malformed_config_subprocess_no_traceback(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, ')

@@ -40,9 +40,10 @@ QUALITY = ("C4", "C6", "C8", "C9")  # a diverged seed makes these not measured
 def _run(root, corpus, width, method, seed, *, bpb=2.0, tps=100.0, pss=0.3, scale=SCALE, busy=(3.0, 4.0)):
     d = root / "results" / "local" / corpus / f"w{width}" / method / f"seed{seed}"
     d.mkdir(parents=True)
+    status = "diverged" if DIV in (bpb, tps, pss) else "ok"
     (d / "provenance.json").write_text(json.dumps(
-        {"config": {"cell": {"corpus": corpus, "width": width, "method": method}}}))
-    if bpb is DIV or tps is DIV or pss is DIV:
+        {"seed": seed, "status": status, "config": {"cell": {"corpus": corpus, "width": width, "method": method}}}))
+    if status == "diverged":
         rec = {"status": "diverged", "study": "local", "scale": scale, "seed": seed,
                "metrics": {"diverged_at_step": 7, "diverged_value": "nan", "diverged_what": "loss"}, "timing": {}}
     else:

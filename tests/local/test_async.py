@@ -75,6 +75,7 @@ def _run_bounded(fn, limit_s: float = 60.0):
     return box
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,stages", [("broadcast_async", 2), ("rgc_async", 2), ("rgc_async", 3)])
 def test_async_matches_serial_twin(method, stages):
     """Step-indexed snapshots make the pipeline deterministic: the same weights as the serial method (with 3
@@ -148,6 +149,7 @@ def test_two_threads_per_stage_finish_and_match_the_serial_twin():
     torch.set_num_threads(1)
 
 
+@pytest.mark.slow
 def test_stalled_stage_ends_with_a_clear_error():
     """A stage that hangs (and ignores the abort flag) is found by the supervisor's step counter, killed, and the
     run ends with an error naming it and the timeout key; nothing is left behind."""

@@ -144,3 +144,34 @@ def test_any_byte_file_is_split_and_its_md5_recorded(tmp_path):
     assert not (tmp_path / "bad" / "meta.json").exists()
     with pytest.raises(UserError, match="is not a file"):
         prepare("enwik8", CorpusConfig(source="file", path=str(tmp_path / "nope")), tmp_path / "none")
+
+
+def test_a_damaged_or_truncated_split_is_refused_before_training(tmp_path):
+    """meta.json holds each split's size and MD5; load_split checks both (round 2 trained on what was left of a
+    truncated train.bin)."""
+    import json
+
+    from gradfidelity.studies.local.data import CorpusConfig, load_split, prepare
+
+    src = tmp_path / "text.txt"
+    src.write_bytes(b"the quick brown fox jumps over the lazy dog\n" * 2000)
+    out = tmp_path / "data"
+    prepare("enwik8", CorpusConfig(source="file", path=str(src)), out)
+    train = load_split(out, "train")
+    assert len(train) == json.loads((out / "meta.json").read_text())["sizes"]["train"]
+
+    blob = bytearray((out / "train.bin").read_bytes())
+    blob[100] ^= 0x20  # one letter's case: the size is unchanged, only the hash can tell
+    (out / "train.bin").write_bytes(bytes(blob))
+    with pytest.raises(UserError, match=r"train\.bin: MD5 .*delete .*data and rerun"):
+        load_split(out, "train")
+    (out / "train.bin").write_bytes(bytes(blob[: len(blob) * 7 // 9]))
+    with pytest.raises(UserError, match=r"train\.bin: size .*expected"):
+        load_split(out, "train")
+    load_split(out, "val")  # the intact split still loads
+
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["split_md5"]  # prepared by an older version: nothing to check against
+    (out / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="records no size or MD5"):
+        load_split(out, "val")

@@ -93,7 +93,8 @@ def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE) -> lis
                                  "timing": {}})
         stage = {"stage": "sft"} if method == "sft" else {"stage": "rl", "method": method}
         atomic_write_json(path.replace("metrics.json", "provenance.json"),
-                          {"config": {**stage, "model": path.split("/")[-5], "variant": variant}})
+                          {"seed": seed, "status": rec["status"],
+                           "config": {**stage, "model": path.split("/")[-5], "variant": variant}})
     return paths
 
 
@@ -284,7 +285,7 @@ def test_aggregate_reads_stored_metadata_not_paths(tmp_path):
     with pytest.raises(UserError, match="two runs of m/fixed/sft/0"):
         agg.collect(cfg, load_run_records(moved + [dup], scale=SCALE))
     (tmp_path / "elsewhere" / "run0" / "provenance.json").unlink()
-    with pytest.raises(UserError, match="provenance.json does not exist"):
+    with pytest.raises(UserError, match="provenance.json is missing"):
         agg.collect(cfg, load_run_records(moved, scale=SCALE))
 
 

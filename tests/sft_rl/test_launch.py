@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gradfidelity.harness import Run
+from gradfidelity.harness import Run, integrity
 from gradfidelity.studies.sft_rl.models import load_checkpoint
 from gradfidelity.studies.sft_rl.workflow import gpus, launcher
 
@@ -83,9 +83,9 @@ def _torchrun_probe(variant: str, out: Path, overlay: bool) -> None:
 def _weights(out: Path, variant: str) -> torch.Tensor:
     """Least-squares weight of each micro-batch (rank-major) in the applied gradient, in units of its global-token-
     mean term: applied = sum_k w_k grad(NLL_k) / (tokens of all 2 x 8 micro-batches)."""
-    probe = torch.load(out / variant / "probe.pt", weights_only=True)
+    probe = integrity.load_checkpoint(out / variant / "probe.pt")
     assert probe["world_size"] == RANKS
-    others = torch.load(out / variant / "batches_rank1.pt", weights_only=True)
+    others = integrity.load_checkpoint(out / variant / "batches_rank1.pt")
     batches = probe["batches"] + others["batches"]
     assert len(probe["batches"]) == len(others["batches"]) == GA
     model, _ = load_checkpoint(out / "base" / "model")
@@ -127,6 +127,6 @@ def test_two_ranks_show_the_fault_matrix_pattern(tmp_path):
         assert metrics["ranks"] == RANKS and metrics["global_batch"] == GA * RANKS
         # FLOPs count the tokens of both ranks (counted per rank, summed over the process group)
         batches = [b for f in ("probe.pt", "batches_rank1.pt")
-                   for b in torch.load(tmp_path / variant / f, weights_only=True)["batches"]]
+                   for b in integrity.load_checkpoint(tmp_path / variant / f)["batches"]]
         assert metrics["train_tokens"] == sum(int(b["attention_mask"].sum()) for b in batches)
         assert (tmp_path / variant / "log_rank1.txt").exists()

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gradfidelity.harness import integrity
 from gradfidelity.studies.sft_rl.models import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def test_applied_gradient_matches_each_variant_reference(probes):
     model, _ = load_checkpoint(probes / "base" / "model")
     applied, refs = {}, {}
     for variant in ("fixed", "agg_bug", "ds_bug", "both"):
-        probe = torch.load(probes / variant / "probe.pt", weights_only=True)
+        probe = integrity.load_checkpoint(probes / variant / "probe.pt")
         assert len(probe["batches"]) == 8
         applied[variant] = -_flat(probe["delta"])          # SGD lr 1: delta = -gradient
         mode = "micro" if variant in ("agg_bug", "both") else "global"

@@ -29,7 +29,11 @@ class SimulatedKill(Exception):
     pass
 
 
-def test_kill_and_rerun_gives_identical_metrics(tmp_path, monkeypatch):
+@pytest.mark.parametrize("damaged", [False, True], ids=["intact", "damaged-checkpoint"])
+def test_kill_and_rerun_gives_identical_metrics(tmp_path, monkeypatch, damaged):
+    """Intact: the rerun resumes from step 2. Damaged (one byte of the checkpoint's weights flipped): the checkpoint
+    fails its manifest check, is moved aside with a log line, and the rerun starts from step 0, ending with the same
+    metrics: never a silently different number."""
     cfg = StudyConfig.from_dict(CFG)
     tok = models.build_tokenizer()
     models.save_checkpoint(models.build_tiny_model(cfg.models[0], tok, seed=0), tok, tmp_path / "base" / "model")
@@ -49,10 +53,23 @@ def test_kill_and_rerun_gives_identical_metrics(tmp_path, monkeypatch):
     assert not (tmp_path / "killed" / "metrics.json").exists()
     assert (tmp_path / "killed" / "trainer" / "checkpoint-2").is_dir()
     monkeypatch.setattr(training.HarnessCallback, "on_step_end", original)
+    ckpt = tmp_path / "killed" / "trainer" / "checkpoint-2"
+    if damaged:
+        weights = next(p for p in sorted(ckpt.rglob("*")) if p.suffix in (".safetensors", ".bin", ".pt"))
+        blob = bytearray(weights.read_bytes())
+        blob[len(blob) // 2] ^= 0x01
+        weights.write_bytes(bytes(blob))
 
     resumed = training.run_sft(cfg, "t", "fixed", 0, tmp_path / "base", tmp_path / "killed")
     prov = json.loads((tmp_path / "killed" / "provenance.json").read_text())
-    assert prov["resumed_from_step"] == 2
+    if damaged:
+        assert prov["resumed_from_step"] is None
+        [discarded] = prov["checkpoints_discarded"]
+        assert "damaged" in discarded["reason"]
+        assert (ckpt.parent / discarded["moved_to"]).is_dir()
+        assert "failed its check" in (tmp_path / "killed" / "log.txt").read_text()
+    else:
+        assert prov["resumed_from_step"] == 2 and prov["checkpoints_discarded"] == []
     assert len(straight["loss_history"]) == 4
     for key in ("loss_history", "grad_norm_history", "train_tokens", "flops", "acc_id", "acc_long", "acc_ood"):
         assert resumed[key] == straight[key], key

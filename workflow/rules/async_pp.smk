@@ -71,7 +71,7 @@ rule async_pp_select_lr:
         ASYNC_PP_GRID,
     output:
         selection=ASYNC_PP_SELECTION,
-        table=report(f"{TABLES}/async_pp_lr_selection.csv", category="async_pp"),
+        table=f"{TABLES}/async_pp_lr_selection.csv",
         table_md=report(f"{TABLES}/async_pp_lr_selection.md", category="async_pp"),
     params:
         gf=GF,
@@ -117,11 +117,11 @@ rule async_pp_tables:
         runs=f"{RESULTS}/async_pp/runs.csv",
         curves=f"{RESULTS}/async_pp/curves.csv",
     output:
-        main=report(f"{TABLES}/async_pp_main.csv", category="async_pp"),
+        main=f"{TABLES}/async_pp_main.csv",
         main_md=report(f"{TABLES}/async_pp_main.md", category="async_pp"),
-        mitigations=report(f"{TABLES}/async_pp_mitigations.csv", category="async_pp"),
+        mitigations=f"{TABLES}/async_pp_mitigations.csv",
         mitigations_md=report(f"{TABLES}/async_pp_mitigations.md", category="async_pp"),
-        length=report(f"{TABLES}/async_pp_length.csv", category="async_pp"),
+        length=f"{TABLES}/async_pp_length.csv",
         length_md=report(f"{TABLES}/async_pp_length.md", category="async_pp"),
     params:
         cfg=_ap_sections(ASYNC_PP_CFG, "seeds", "model", "train", "sweeps"),

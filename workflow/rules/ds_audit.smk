@@ -76,10 +76,10 @@ rule ds_audit_tables:
         loss=f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json",
         alignment=DS_AUDIT_ALIGNMENT,
     output:
-        matrix_csv=report(f"{TABLES}/ds_fault_matrix.csv", category="ds_audit"),
+        matrix_csv=f"{TABLES}/ds_fault_matrix.csv",
         matrix_md=report(f"{TABLES}/ds_fault_matrix.md", category="ds_audit"),
         matrix_png=report(f"{FIGURES}/ds_fault_matrix.png", category="ds_audit"),
-        loss_csv=report(f"{TABLES}/loss_aggregation.csv", category="ds_audit"),
+        loss_csv=f"{TABLES}/loss_aggregation.csv",
         loss_md=report(f"{TABLES}/loss_aggregation.md", category="ds_audit"),
         loss_png=report(f"{FIGURES}/loss_aggregation.png", category="ds_audit"),
         alignment_csv=f"{TABLES}/ds_norm_alignment.csv",

@@ -74,12 +74,6 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return _atomic(path, lambda fh: json.dump(_strict(obj), fh, indent=2, sort_keys=True, allow_nan=False))
 
 
-def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
-    import torch
-
-    return _atomic(path, lambda fh: torch.save(obj, fh), mode="wb")
-
-
 def atomic_savefig(fig, path: str | os.PathLike, **kwargs) -> Path:
     fmt = Path(path).suffix.lstrip(".") or "png"
     return _atomic(path, lambda fh: fig.savefig(fh, format=fmt, **kwargs), mode="wb")

@@ -54,6 +54,25 @@ def load_runs(paths: Iterable[str | Path], keys: Iterable[str] | None = None,
     return pd.DataFrame(rows)
 
 
+def read_provenance(record: dict) -> dict:
+    """The provenance.json beside a run's metrics.json, checked to belong to that run.
+
+    A run without its provenance has lost the record of what code, packages and machine made it: every reader
+    refuses it, naming the file, rather than writing a row with an empty git sha. A provenance whose seed or status
+    differs from the metrics.json is a stale record of another run.
+    """
+    path = Path(record["run_dir"]) / "provenance.json"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: the run {record['run_dir']} has no record of the code, packages and "
+                        "machine that made it; rerun it (delete its metrics.json)")
+    prov = read_json(path)
+    for key in ("seed", "status"):
+        if prov.get(key) != record.get(key):
+            raise UserError(f"{path}: {key} {prov.get(key)!r} differs from {record['path']} ({record.get(key)!r}):"
+                            " a stale record of another run; rerun it (delete its metrics.json)")
+    return prov
+
+
 _VERSIONS = ("torch", "deepspeed", "trl", "transformers", "pytorch-optimizer", "numpy", "scipy")
 
 
@@ -65,8 +84,7 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
     """
     rows = []
     for record in load_run_records(paths, scale):
-        prov_path = Path(record["run_dir"]) / "provenance.json"
-        prov = read_json(prov_path) if prov_path.is_file() else {}
+        prov = read_provenance(record)
         metrics = record["metrics"] if record["status"] == "ok" else {}
         row = {"run_id": record["run_dir"], "study": record.get("study"), "scale": record.get("scale"),
                "seed": record.get("seed"), "status": record["status"],
@@ -77,7 +95,8 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
                "torch_num_threads": (prov.get("threads") or {}).get("torch_num_threads"),
                "omp_num_threads": (prov.get("threads") or {}).get("OMP_NUM_THREADS"),
                "wall_s": (record.get("timing") or {}).get("wall_s"),
-               "resumed_from_step": prov.get("resumed_from_step")}
+               "resumed_from_step": prov.get("resumed_from_step"),
+               "checkpoints_discarded": len(prov.get("checkpoints_discarded") or [])}
         row.update({f"version_{k}": (prov.get("packages") or {}).get(k) for k in _VERSIONS})
         row.update({f"metric_{k}": v for k, v in metrics.items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})

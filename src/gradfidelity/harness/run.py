@@ -4,6 +4,13 @@ Why each piece exists:
 - Seeds and thread counts are set on entry and recorded, because the same seed only repeats at the same thread count.
 - Checkpoints hold model/optimizer state dicts *and* every RNG state plus the caller's extra state (step, history),
   so a run killed with SIGKILL and restarted ends with the same metrics as one that never stopped.
+- A checkpoint carries the SHA-256 of its payload (harness/integrity.py), verified before anything is loaded. A
+  damaged or truncated one is moved aside and the run starts again from step 0, with a log line and a note in
+  provenance.json (`checkpoints_discarded`): a storage fault must never become a "diverged" run or a silently
+  different number.
+- A stale provenance.json is removed on entry, like a stale metrics.json: a reader never pairs a new result with
+  an old run's record. The git state is read from the working directory of the run (the checkout that runs), not
+  from the package's folder, which may belong to another checkout when a venv is shared.
 - A non-finite loss ends the run with status "diverged": it is a result to report, not a crash to hide, and never a
   plausible-looking number.
 - metrics.json is written last and atomically; its presence means the run finished (Snakemake's output).
@@ -28,7 +35,8 @@ import torch
 from tqdm import tqdm
 
 from gradfidelity.harness import provenance
-from gradfidelity.harness.io import atomic_torch_save, atomic_write_json
+from gradfidelity.harness.integrity import CorruptState, load_checkpoint, move_aside, save_checkpoint
+from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.memory import PeakPSS
 from gradfidelity.harness.seeding import rng_state, seed_everything, set_rng_state
 from gradfidelity.harness.threads import configure_threads
@@ -65,6 +73,7 @@ class Run:
         self.checkpoint_every = checkpoint_every
         self.status: str | None = None
         self.resumed_from: int | None = None
+        self.checkpoints_discarded: list[dict] = []  # damaged checkpoints moved aside (provenance.json)
         self.rank, self.world_size = launch_rank()
         self.primary = self.rank == 0
         self._memory = PeakPSS() if sample_memory and self.primary else None
@@ -74,7 +83,9 @@ class Run:
     def __enter__(self) -> Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.primary:
-            (self.dir / "metrics.json").unlink(missing_ok=True)  # a stale result must never survive a rerun
+            # a stale result, or a stale record of how it was made, must never survive a rerun
+            (self.dir / "metrics.json").unlink(missing_ok=True)
+            (self.dir / "provenance.json").unlink(missing_ok=True)
         self._handler = logging.FileHandler(self.dir / ("log.txt" if self.primary else f"log_rank{self.rank}.txt"))
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         self.log.addHandler(self._handler)
@@ -118,11 +129,19 @@ class Run:
             raise Diverged(step, v, what)
 
     def resume(self, state: dict[str, Any]) -> tuple[int, dict]:
-        """Load the checkpoint into `state` objects if one exists; return (next step, extra)."""
+        """Load the checkpoint into `state` objects if one exists; return (next step, extra).
+
+        A checkpoint whose hash does not match (damaged, truncated, or without a hash) is moved aside and the run
+        starts from step 0, as if there had been none: nothing of it is loaded.
+        """
         path = self.dir / CHECKPOINT
         if not path.exists():
             return 0, {}
-        ckpt = torch.load(path, weights_only=True)
+        try:
+            ckpt = load_checkpoint(path)
+        except CorruptState as exc:
+            self.discard_checkpoint(path, exc.reason)
+            return 0, {}
         missing = set(state) ^ set(ckpt["state"])
         if missing:
             raise RuntimeError(f"checkpoint {path} does not match this run (keys differ: {sorted(missing)})")
@@ -133,10 +152,17 @@ class Run:
         self.log.info("resumed from %s at step %d", path, self.resumed_from)
         return self.resumed_from, ckpt["extra"]
 
+    def discard_checkpoint(self, path: Path, reason: str, move: bool = True) -> None:
+        """Record (and, with `move`, rename aside) a checkpoint that failed its check; the caller restarts."""
+        moved = move_aside(path).name if move else None
+        self.checkpoints_discarded.append({"path": str(path), "reason": reason, "moved_to": moved})
+        self.log.warning("checkpoint %s failed its check (%s): moved aside to %s; not resuming from it",
+                         path, reason, moved)
+
     def checkpoint(self, step: int, state: dict[str, Any], extra: dict | None = None) -> None:
         if not self.primary:
             return
-        atomic_torch_save(self.dir / CHECKPOINT, {
+        save_checkpoint(self.dir / CHECKPOINT, {
             "step": step, "state": {k: v.state_dict() for k, v in state.items()},
             "rng": rng_state(), "extra": extra or {},
         })
@@ -173,8 +199,9 @@ class Run:
             "config": self.config, "config_hash": provenance.config_hash(self.config),
             "threads": self.thread_settings, "world_size": self.world_size, "started": self.started, "ended": _now(),
             "wall_s": time.perf_counter() - self._t0, "resumed_from_step": self.resumed_from,
+            "checkpoints_discarded": self.checkpoints_discarded,
             "packages": provenance.package_versions(), "machine": provenance.machine(),
-            **provenance.git_state(Path(__file__).parent),
+            **provenance.git_state(Path.cwd()),
         }
         if self._memory:
             record["memory"] = self._memory.record()

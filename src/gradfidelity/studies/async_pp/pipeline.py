@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from gradfidelity.errors import UserError
-from gradfidelity.harness.io import atomic_torch_save
+from gradfidelity.harness.integrity import load_checkpoint, save_checkpoint
 from gradfidelity.studies.async_pp.data import embedded_stream
 from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, UpdateRule, model_loss_fn
 from gradfidelity.studies.async_pp.model import DTYPES, ModelConfig, build_model, lm_loss, stage_bounds, stage_of_params
@@ -206,7 +206,7 @@ def _worker(rank: int, setup: PipeSetup, jobs: list[PipeJob], out_dir: str, stor
             result = run_stage(rank, setup, job, stream)
             dist.barrier()
             result["timing"]["job_wall_s"] = result["timing"]["wall_s"]
-            atomic_torch_save(Path(out_dir) / job.name / f"stage{rank}.pt", result)
+            save_checkpoint(Path(out_dir) / job.name / f"stage{rank}.pt", result)
     finally:
         dist.destroy_process_group()
 
@@ -232,7 +232,7 @@ def run_pipeline(setup: PipeSetup, jobs: list[PipeJob], out_dir: str | os.PathLi
             raise RuntimeError(f"pipeline stage failed: {exc}") from None
         results = {}
         for job in jobs:
-            parts = [torch.load(out / job.name / f"stage{k}.pt", weights_only=True) for k in range(setup.n_stages)]
+            parts = [load_checkpoint(out / job.name / f"stage{k}.pt") for k in range(setup.n_stages)]
             params = {n: v for part in parts for n, v in part["params"].items()}
             results[job.name] = {"params": params, "timing": [p["timing"] for p in parts],
                                  "losses": parts[-1]["losses"]}

@@ -19,8 +19,7 @@ import numpy as np
 import pandas as pd
 
 from gradfidelity.errors import UserError
-from gradfidelity.harness.io import read_json
-from gradfidelity.harness.results import load_run_records
+from gradfidelity.harness.results import load_run_records, read_provenance
 
 LABEL = {"bp": "BP", "bp_tm": "BP (thread-matched)", "live_local": "Live Local (serial)",
          "broadcast_serial": "Broadcast (serial)", "rgc_serial": "RGC (serial)",
@@ -32,11 +31,9 @@ _DIVERGED = ("diverged_at_step", "diverged_what")
 COLUMNS = (*_KEYS, *_METRICS, *_TIMING, "stage_busy_s", *_DIVERGED)
 
 
-def _cell(run_dir: str) -> dict:
-    prov = Path(run_dir) / "provenance.json"
-    if not prov.exists():
-        raise UserError(f"{prov} does not exist: not a finished study C run")
-    cell = (read_json(prov).get("config") or {}).get("cell")
+def _cell(rec: dict) -> dict:
+    prov = Path(rec["run_dir"]) / "provenance.json"
+    cell = (read_provenance(rec).get("config") or {}).get("cell")
     if not isinstance(cell, dict) or not {"corpus", "width", "method"} <= set(cell):
         raise UserError(f"{prov}: config.cell (corpus, width, method) missing: not a study C run")
     return cell
@@ -46,7 +43,7 @@ def aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame:
     """One row per run (diverged runs included, with empty metric cells)."""
     rows = []
     for rec in load_run_records(paths, scale=scale):
-        cell = _cell(rec["run_dir"])
+        cell = _cell(rec)
         row = {"path": rec["path"], "run_dir": rec["run_dir"], "status": rec["status"], "seed": int(rec["seed"]),
                "scale": rec.get("scale"), "corpus": cell["corpus"], "width": int(cell["width"]),
                "method": cell["method"]}

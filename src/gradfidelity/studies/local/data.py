@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from gradfidelity.errors import UserError
-from gradfidelity.harness.io import atomic_write_json
+from gradfidelity.harness.io import atomic_write_json, read_json
 from gradfidelity.studies.local.settings import CorpusConfig  # noqa: F401 - re-exported: data's config
 
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
@@ -80,7 +80,11 @@ def _write_splits(out: Path, parts: dict[str, bytes], meta: dict) -> None:
         tmp = out / f"{name}.bin.part"
         tmp.write_bytes(blob)
         tmp.replace(out / f"{name}.bin")
-    atomic_write_json(out / "meta.json", {**meta, "sizes": {k: len(v) for k, v in parts.items()}})
+    # Each split's size and MD5, checked by load_split before any training reads it (a damaged or truncated
+    # split must fail loudly, not train on what is left).
+    atomic_write_json(out / "meta.json", {**meta, "sizes": {k: len(v) for k, v in parts.items()},
+                                          "split_md5": {k: hashlib.md5(v, usedforsecurity=False).hexdigest()
+                                                        for k, v in parts.items()}})
 
 
 # ----------------------------------------------------------------------------------------------- enwik8
@@ -298,9 +302,20 @@ def prepare(corpus: str, cfg: CorpusConfig, out: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------- batches
 def load_split(data_dir: Path, split: str) -> torch.Tensor:
+    """One prepared split as uint8 bytes, after its size and MD5 are checked against meta.json."""
     path = Path(data_dir) / f"{split}.bin"
     if not path.exists():
         raise UserError(f"{path} does not exist (run the local_data rule first)")
+    meta = read_json(Path(data_dir) / "meta.json")
+    size, md5 = (meta.get("sizes") or {}).get(split), (meta.get("split_md5") or {}).get(split)
+    remedy = f"delete {Path(data_dir)} and rerun (the local_data rule prepares it again)"
+    if size is None or md5 is None:
+        raise UserError(f"{Path(data_dir) / 'meta.json'} records no size or MD5 for the {split} split (prepared by "
+                        f"an older version): {remedy}")
+    try:
+        verify(path, size, md5)
+    except UserError as exc:
+        raise UserError(f"{exc}; {remedy}") from None
     arr = np.fromfile(path, dtype=np.uint8)
     return torch.from_numpy(arr)
 

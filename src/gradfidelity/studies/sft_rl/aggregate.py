@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from gradfidelity.errors import UserError
-from gradfidelity.harness.io import atomic_write_csv, read_json
-from gradfidelity.harness.results import load_run_records
+from gradfidelity.harness.io import atomic_write_csv
+from gradfidelity.harness.results import load_run_records, read_provenance
 from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import EVAL_SETS
@@ -37,9 +37,7 @@ COLUMNS = ("model", "variant", "method", "seed", "run", "run_variant", "status",
 def _identity(rec: dict) -> tuple[str, str, str, int]:
     """(model, variant, method, seed) of one run, from its stored metadata."""
     prov = Path(rec["run_dir"]) / "provenance.json"
-    if not prov.exists():
-        raise UserError(f"{prov} does not exist: not a finished sft_rl run")
-    c = read_json(prov).get("config") or {}
+    c = read_provenance(rec).get("config") or {}
     stage = c.get("stage")
     if stage not in ("sft", "rl") or not {"model", "variant"} <= set(c) or (stage == "rl" and "method" not in c):
         raise UserError(f"{prov}: config lacks stage (sft or rl), model, variant or method: not an sft_rl "

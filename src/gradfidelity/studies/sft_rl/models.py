@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradfidelity.errors import UserError
+from gradfidelity.harness.integrity import CorruptState, verify_manifest, write_manifest
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 ALPHABET = "0123456789+-*=,# "
@@ -95,14 +96,19 @@ def load_checkpoint(path: str | Path):
     path = Path(path)
     if not (path / "config.json").exists():
         raise UserError(f"{path}: not a Hugging Face checkpoint (no config.json)")
+    try:  # the job that wrote it listed every file's size and hash: a damaged file is never loaded
+        verify_manifest(path)
+    except CorruptState as exc:
+        raise UserError(f"{exc}. Delete {path.parent} and rerun the job that writes it") from None
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype="float32")
     return model, tok
 
 
 def save_checkpoint(model, tokenizer, path: str | Path) -> None:
-    """A normal HF checkpoint (config.json, model.safetensors, tokenizer files), written to a temp dir first
-    and renamed, so a killed job never leaves a half-written checkpoint that a later rule would trust."""
+    """A normal HF checkpoint (config.json, model.safetensors, tokenizer files) plus MANIFEST.sha256 (each file's
+    size and hash, checked by `load_checkpoint`), written to a temp dir first and renamed, so a killed job never
+    leaves a half-written checkpoint that a later rule would trust."""
     import shutil
 
     path = Path(path)
@@ -110,6 +116,7 @@ def save_checkpoint(model, tokenizer, path: str | Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    write_manifest(tmp)
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from gradfidelity.errors import UserError
-from gradfidelity.harness.io import atomic_torch_save
+from gradfidelity.harness.integrity import save_checkpoint
 from gradfidelity.harness.run import launch_rank
 from gradfidelity.studies.sft_rl import models
 from gradfidelity.studies.sft_rl.config import StudyConfig
@@ -63,10 +63,10 @@ def run_probe(variants: str, out: Path) -> None:
         record: list = []
         metrics = run_sft(cfg, "probe", variant, 0, base, out / variant, overrides=OVERRIDES, record=record)
         if rank == 0:
-            atomic_torch_save(out / variant / "probe.pt", {
+            save_checkpoint(out / variant / "probe.pt", {
                 "variant": variant, "deepspeed_version": metrics["deepspeed_version"], "world_size": world,
                 "delta": {k: torch.tensor(v) for k, v in metrics["delta"].items()},
                 "batches": record,
             })
         else:
-            atomic_torch_save(out / variant / f"batches_rank{rank}.pt", {"rank": rank, "batches": record})
+            save_checkpoint(out / variant / f"batches_rank{rank}.pt", {"rank": rank, "batches": record})

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness import Run
+from gradfidelity.harness.integrity import CorruptState, verify_manifest, write_manifest
 from gradfidelity.harness.io import read_json
 from gradfidelity.harness.run import launch_rank
 from gradfidelity.studies.sft_rl import infra, models, paper
@@ -183,6 +184,12 @@ class HarnessCallback(TrainerCallback):
         trainer = self.trainer_ref[0]
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         (ckpt / _gf_state_name()).write_text(json.dumps({**trainer.gf_state(), "extras": self.extras()}))
+        # Every rank has written its part (the Trainer's and ours) before rank 0 lists them in the manifest, which
+        # _resume checks before trusting the checkpoint.
+        _barrier()
+        if self.run.primary:
+            write_manifest(ckpt)
+        _barrier()
 
 
 class EvalAtStep(TrainerCallback):
@@ -197,8 +204,28 @@ class EvalAtStep(TrainerCallback):
 
 
 def _resume(trainer, trainer_dir: Path, run: Run) -> tuple[str | None, dict]:
-    """(last Trainer checkpoint or None, the extras saved with it)."""
-    ckpt = get_last_checkpoint(str(trainer_dir)) if trainer_dir.exists() else None
+    """(last Trainer checkpoint that passes its manifest check, or None; the extras saved with it).
+
+    Newer checkpoints that fail the check (damaged, truncated, or cut off before their manifest was written) are
+    moved aside by rank 0 with a log line and a note in provenance.json; the run resumes from the newest good one,
+    or starts over. Every rank checks the same files, so every rank picks the same checkpoint.
+    """
+    ckpt = None
+    found = sorted((p for p in trainer_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.is_dir()
+                    and p.name.split("-")[-1].isdigit()), key=lambda p: int(p.name.split("-")[-1]), reverse=True)
+    bad = []
+    for candidate in found:
+        try:
+            verify_manifest(candidate)
+        except CorruptState as exc:
+            bad.append((candidate, exc.reason))
+            continue
+        ckpt = str(candidate)
+        break
+    _barrier()  # every rank has checked before any directory moves
+    for candidate, reason in bad:
+        run.discard_checkpoint(candidate, reason, move=run.primary)
+    _barrier()
     if not ckpt:
         return None, {}
     state_file = Path(ckpt) / _gf_state_name()
