@@ -1,10 +1,22 @@
 """check-reference: the sample follows its fixed rule, and the comparison fails on any difference where it must."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
 from gradfidelity.errors import UserError
-from gradfidelity.reference import Job, closures, compare, integer_metrics, parse_dry_run, select
+from gradfidelity.reference import (
+    DRIFT,
+    MAX_REL,
+    MIN_REL,
+    Job,
+    closures,
+    compare,
+    cross_host_rules,
+    parse_dry_run,
+    select,
+)
 
 DRY_RUN = """\
 Building DAG of jobs...
@@ -77,28 +89,60 @@ def test_an_upstream_run_already_chosen_costs_nothing_again():
     assert select(tables, plans, budget_s=519) == ["results/cpu/sft_rl/base/seed0"]
 
 
-def _rows(cpu, loss, steps=400, status="ok"):
-    return pd.DataFrame([{"run_id": "r1", "status": status, "cpu_model": cpu, "metric_loss": loss,
-                          "metric_steps": steps}])
+RUN = "results/cpu/async_pp/cell/seed0"
+
+
+def _rows(cpu, loss, steps=400, status="ok", delta=0.03):
+    return pd.DataFrame([{"run_id": RUN, "status": status, "cpu_model": cpu, "metric_loss": loss,
+                          "metric_steps": steps, "metric_delta": delta}])
+
+
+DRIFT_ROWS = pd.DataFrame([  # a hand-made drift measurement: loss moved 1%, steps not at all, delta by 40%
+    {"study": "async_pp", "run": RUN, "metric": "loss", "rel_difference": 0.01},
+    {"study": "async_pp", "run": RUN, "metric": "steps", "rel_difference": 0.0},
+    {"study": "async_pp", "run": RUN, "metric": "delta", "rel_difference": 0.40},
+    {"study": "async_pp", "run": "x", "metric": "tiny", "rel_difference": 1e-5},
+])
+
+
+def test_cross_host_rules_follow_the_measured_drift():
+    rules = cross_host_rules(DRIFT_ROWS)
+    assert rules[("async_pp", "loss")] == pytest.approx(0.02)  # twice the largest drift
+    assert rules[("async_pp", "steps")] == 0.0  # did not move: exact
+    assert rules[("async_pp", "delta")] is None and 2 * 0.40 > MAX_REL  # not comparable across hosts
+    assert rules[("async_pp", "tiny")] == MIN_REL
 
 
 def test_same_host_is_compared_bit_for_bit():
     committed = _rows("AMD EPYC", 0.3138)
-    assert compare(committed, _rows("AMD EPYC", 0.3138), "AMD EPYC")["verdict"].eq("ok").all()
-    out = compare(committed, _rows("AMD EPYC", 0.3138 + 1e-12), "AMD EPYC").set_index("metric")
+    rules = cross_host_rules(DRIFT_ROWS)
+    assert compare(committed, _rows("AMD EPYC", 0.3138), "AMD EPYC", rules)["verdict"].eq("ok").all()
+    out = compare(committed, _rows("AMD EPYC", 0.3138 + 1e-12), "AMD EPYC", rules).set_index("metric")
     assert out.loc["loss", "verdict"] == "MISMATCH" and out.loc["loss", "rule"] == "exact"
+    out = compare(committed, _rows("AMD EPYC", 0.3138, delta=0.031), "AMD EPYC", rules).set_index("metric")
+    assert out.loc["delta", "verdict"] == "MISMATCH"  # "not comparable" exists only across hosts
 
 
-def test_another_host_gets_the_tolerance_but_integers_stay_exact():
+def test_another_host_gets_the_measured_rules():
     committed = _rows("AMD EPYC", 0.3138)
-    ints = integer_metrics({"s": committed})
-    assert ints == {"metric_steps"}
-    near = compare(committed, _rows("Intel Xeon", 0.3107), "Intel Xeon", ints).set_index("metric")
-    assert near.loc["loss", "verdict"] == "ok" and near.loc["loss", "rule"] == "rel 0.05"
-    far = compare(committed, _rows("Intel Xeon", 0.40), "Intel Xeon", ints).set_index("metric")
-    assert far.loc["loss", "verdict"] == "MISMATCH"
-    steps = compare(committed, _rows("Intel Xeon", 0.3138, steps=401), "Intel Xeon", ints).set_index("metric")
+    rules = cross_host_rules(DRIFT_ROWS)
+    near = compare(committed, _rows("Intel Xeon", 0.3107), "Intel Xeon", rules).set_index("metric")
+    assert near.loc["loss", "verdict"] == "ok" and near.loc["loss", "rule"] == "rel<=0.02"  # 1.0% off
+    far = compare(committed, _rows("Intel Xeon", 0.3250), "Intel Xeon", rules).set_index("metric")
+    assert far.loc["loss", "verdict"] == "MISMATCH"  # 3.6% off
+    steps = compare(committed, _rows("Intel Xeon", 0.3138, steps=401), "Intel Xeon", rules).set_index("metric")
     assert steps.loc["steps", "verdict"] == "MISMATCH" and steps.loc["steps", "rule"] == "exact"
+    delta = compare(committed, _rows("Intel Xeon", 0.3138, delta=0.9), "Intel Xeon", rules).set_index("metric")
+    assert delta.loc["delta", "verdict"] == "not comparable"
+    no_rule = compare(committed, _rows("Intel Xeon", 0.3138), "Intel Xeon", {}).set_index("metric")
+    assert no_rule.loc["loss", "rule"] == "exact" and no_rule.loc["loss", "verdict"] == "ok"
+
+
+def test_the_committed_drift_measurement_gives_rules_for_every_study_it_saw():
+    rules = cross_host_rules(pd.read_csv(Path(__file__).resolve().parents[1] / DRIFT))
+    assert {s for s, _ in rules} == {"ds_audit", "sft_rl", "async_pp", "local"}
+    assert rules[("async_pp", "plateau_delta")] is None  # a difference of two late losses: amplified drift
+    assert 0 < rules[("async_pp", "final_val_loss")] <= 0.05
 
 
 def test_a_missing_run_a_missing_metric_and_a_changed_status_are_mismatches():

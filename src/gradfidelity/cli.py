@@ -49,7 +49,8 @@ def _check_reference(args) -> int:
     from gradfidelity.reference import check_reference
 
     return check_reference(Path(args.repo), workdir=Path(args.workdir) if args.workdir else None, cores=args.cores,
-                           budget_s=args.budget_s, extra_config=tuple(args.config), cross_host=args.cross_host)
+                           budget_s=args.budget_s, extra_config=tuple(args.config), cross_host=args.cross_host,
+                           out=Path(args.out) if args.out else None)
 
 
 def _claim(args) -> int:
@@ -126,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the sample's committed wall time (default: gradfidelity.reference.BUDGET_S)")
     p.add_argument("--config", nargs="*", default=[], help="extra snakemake --config items (key=value)")
     p.add_argument("--cross-host", action="store_true",
-                   help="apply the cross-host tolerance even on the recorded CPU model (to measure drift)")
+                   help="apply the cross-host rules even on the recorded CPU model (to measure drift)")
+    p.add_argument("--out", default=None, help="also write the comparison table to this CSV")
     p.set_defaults(func=_check_reference)
 
     p = sub.add_parser("claim", help="one claim with everything behind it: evidence, verdict, runs, rebuild command")

@@ -19,8 +19,12 @@ The rerun happens in a scratch copy of the checkout's tracked files (`--workdir`
 the user's own results/cpu is never touched. Each rerun run's row is made by the same `runs_table` function that
 made the committed row, and every `metric_*` column is compared:
 - exact (bit for bit) when this host's CPU model equals the one recorded in the committed row;
-- otherwise within `TOLERANCE`: integer metrics (counts, sizes) still exactly, floating-point metrics within a
-  relative tolerance measured as cross-host drift (see the README's "What repeats exactly").
+- otherwise within a tolerance derived from a committed drift measurement (`DRIFT`, see `cross_host_rules`): the
+  same sample rerun with every kernel library of torch limited to AVX2 (ATEN_CPU_CAPABILITY=avx2,
+  MKL_ENABLE_INSTRUCTIONS=AVX2, DNNL_MAX_CPU_ISA=AVX2), which changes the floating-point reductions as another CPU
+  would. A metric that did not move there stays exact; one that moved gets twice its largest drift (at least
+  `MIN_REL`); one that moved by more than `MAX_REL` (an RL trajectory's token count, a selection, a difference of
+  two late losses) is "not comparable" across hosts: printed, counted, neither a pass nor a mismatch.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 import pandas as pd
 
 from gradfidelity.errors import UserError
+from gradfidelity.harness.io import atomic_write_csv
 from gradfidelity.harness.provenance import cpu_model
 from gradfidelity.harness.results import runs_table
 
@@ -46,11 +51,9 @@ SCALE = "cpu"
 STUDY_ORDER = ("ds_audit", "sft_rl", "async_pp", "local")
 OTHER_JOB_S = 10.0          # a job that is not a training run (data preparation, a selection, a table)
 BUDGET_S = 1500.0           # the sample's summed committed job time: about 13 min wall, two jobs at a time
-# Relative tolerance of a floating-point metric across CPU models. Measured (README, "What repeats exactly"): the
-# same cell on an Intel host and on the AMD host of the committed runs differed by 1.0% (study B, AdamW sync seed
-# 0: 0.3107 vs 0.3138); changing only the CPU kernels torch dispatches to on one host (ATEN_CPU_CAPABILITY=avx2
-# against the default) moved the sample's metrics by up to the amount stated there. The tolerance covers both.
-TOLERANCE = 0.05
+DRIFT = Path("results") / SCALE / "reference" / "drift_avx2.csv"  # (study, run, metric, ..., rel_difference)
+MIN_REL = 0.005   # the smallest cross-host tolerance of a metric that drifted at all
+MAX_REL = 0.25    # a metric whose tolerance would exceed this is not comparable across hosts
 
 
 @dataclass
@@ -156,17 +159,34 @@ def read_runs_table(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, float_precision="round_trip")
 
 
-def integer_metrics(tables: dict[str, pd.DataFrame]) -> set[str]:
-    """Metric columns that hold whole numbers in every committed row of their study (counts, sizes, steps):
-    compared exactly on any host."""
-    return {c for df in tables.values() for c in df.columns if c.startswith("metric_")
-            and df[c].notna().any() and (df[c].dropna() % 1 == 0).all()}
+def cross_host_rules(drift: pd.DataFrame) -> dict[tuple[str, str], float | None]:
+    """(study, metric) -> relative tolerance across hosts (0: exact), or None: not comparable across hosts.
+
+    From the drift measurement: twice the largest relative drift of the metric in its study, at least MIN_REL;
+    above MAX_REL the metric is not comparable. A metric of a study the measurement did not see stays exact.
+    """
+    rules = {}
+    worst = drift.assign(rel=pd.to_numeric(drift["rel_difference"], errors="coerce")).groupby(
+        ["study", "metric"])["rel"].max()
+    for (study, metric), rel in worst.items():
+        if pd.isna(rel):
+            raise UserError(f"{DRIFT}: no relative difference for {study}/{metric}")
+        tol = 0.0 if rel == 0 else max(2 * float(rel), MIN_REL)
+        rules[(study, metric)] = None if tol > MAX_REL else tol
+    return rules
 
 
-def compare(committed: pd.DataFrame, rerun: pd.DataFrame, host_cpu: str | None, integers: set[str] = frozenset(),
-            tolerance: float = TOLERANCE) -> pd.DataFrame:
+def _study_of(run_id: str) -> str:
+    parts = Path(run_id).parts
+    return parts[2] if len(parts) > 2 and parts[0] == "results" else ""
+
+
+def compare(committed: pd.DataFrame, rerun: pd.DataFrame, host_cpu: str | None,
+            rules: dict[tuple[str, str], float | None] | None = None) -> pd.DataFrame:
     """One row per (run, metric): committed, rerun, difference (absolute and relative), the rule applied and the
-    verdict. `host_cpu=None` applies the cross-host rule to every run (to measure drift on one host)."""
+    verdict (ok, MISMATCH, or "not comparable" across hosts). `host_cpu=None` applies the cross-host rules to every
+    run (to measure drift on one host); a metric without a cross-host rule is compared exactly."""
+    rules = rules or {}
     rows = []
     rerun = rerun.set_index("run_id")
     for rec in committed.itertuples(index=False):
@@ -179,21 +199,26 @@ def compare(committed: pd.DataFrame, rerun: pd.DataFrame, host_cpu: str | None, 
                          "difference": "", "rel_difference": "", "rule": "", "verdict": "MISMATCH"})
             continue
         new = rerun.loc[run]
+        study = _study_of(run)
         if new["status"] != rec["status"]:
             rows.append({"run": run, "metric": "status", "committed": rec["status"], "rerun": new["status"],
                          "difference": "", "rel_difference": "", "rule": "exact", "verdict": "MISMATCH"})
         for key in metrics:
             a, b = rec[key], new.get(key)
-            rule = "exact" if exact or key in integers else f"rel {tolerance:g}"
+            metric = key[len("metric_"):]
+            tol = 0.0 if exact else rules.get((study, metric), 0.0)
+            rule = "exact" if tol == 0 else ("not comparable" if tol is None else f"rel<={tol:.3g}")
             if _missing(b):
-                ok, diff, rel = False, "", ""
+                verdict, diff, rel = "MISMATCH", "", ""
             else:
                 diff = float(b) - float(a)
                 rel = abs(diff) / max(abs(float(a)), 1e-12)
-                ok = diff == 0 if rule == "exact" else rel <= tolerance
-            rows.append({"run": run, "metric": key[len("metric_"):], "committed": a, "rerun": b,
-                         "difference": diff, "rel_difference": rel, "rule": rule,
-                         "verdict": "ok" if ok else "MISMATCH"})
+                if tol is None:
+                    verdict = "not comparable"
+                else:
+                    verdict = "ok" if (diff == 0 if tol == 0 else rel <= tol) else "MISMATCH"
+            rows.append({"run": run, "metric": metric, "committed": a, "rerun": b, "difference": diff,
+                         "rel_difference": rel, "rule": rule, "verdict": verdict})
     return pd.DataFrame(rows, columns=["run", "metric", "committed", "rerun", "difference", "rel_difference", "rule",
                                        "verdict"])
 
@@ -222,7 +247,7 @@ def _snakemake(work: Path, args: list[str], timeout: float) -> subprocess.Comple
 
 def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, budget_s: float | None = None,
                     studies: tuple[str, ...] = STUDY_ORDER, extra_config: tuple[str, ...] = (),
-                    cross_host: bool = False) -> int:
+                    cross_host: bool = False, out: Path | None = None) -> int:
     repo = Path(repo).resolve()
     budget_s = BUDGET_S if budget_s is None else budget_s
     tables = {}
@@ -265,17 +290,26 @@ def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, bud
         rerun = runs_table([work / _metrics_path(r) for r in sample], SCALE)
         rerun["run_id"] = [r for r in sample]  # the committed tables name runs relative to the checkout
         host = cpu_model()
-        table = compare(committed, rerun, None if cross_host else host, integer_metrics(tables))
+        drift_path = repo / DRIFT
+        if not drift_path.is_file():
+            raise UserError(f"{drift_path} is missing: the committed drift measurement behind the cross-host rules")
+        table = compare(committed, rerun, None if cross_host else host, cross_host_rules(pd.read_csv(drift_path)))
         recorded = sorted(set(committed["cpu_model"]))
-        mode = "exact" if recorded == [host] and not cross_host else f"within a relative {TOLERANCE:g} (cross-host)"
-        with pd.option_context("display.max_rows", None, "display.width", 200, "display.max_colwidth", 90):
-            print(table.to_string(index=False))
-        bad = table[table["verdict"] != "ok"]
-        whole = {m[len("metric_"):] for m in integer_metrics(tables)}
-        floats = pd.to_numeric(table.loc[~table["metric"].isin(whole), "rel_difference"], errors="coerce")
-        print(f"largest relative difference of a floating-point metric: {floats.max():.3g}")
+        mode = ("exact (bit for bit)" if recorded == [host] and not cross_host
+                else f"cross-host rules from {DRIFT}")
+        shown = table.assign(run=table["run"].str.removeprefix(f"results/{SCALE}/"))
+        with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_colwidth", 120):
+            print(f"(run ids below are relative to results/{SCALE}/)")
+            print(shown.to_string(index=False))
+        bad = table[table["verdict"] == "MISMATCH"]
+        skipped = table[table["verdict"] == "not comparable"]
+        if out is not None:
+            atomic_write_csv(table, out)
+        rel = pd.to_numeric(table["rel_difference"], errors="coerce")
+        print(f"largest relative difference: {rel.max():.3g}")
         print(f"host CPU: {host!r}; recorded: {', '.join(map(repr, recorded))}; comparison: {mode}; "
-              f"{len(table)} metrics of {len(sample)} runs, {len(bad)} mismatched; "
+              f"{len(table)} metrics of {len(sample)} runs, {len(bad)} mismatched, {len(skipped)} not comparable "
+              "across hosts; "
               f"{time.monotonic() - t0:.0f} s")
         passed = not len(bad)
         if not passed:
