@@ -20,7 +20,7 @@ export XDG_CACHE_HOME := $(CURDIR)/.cache/xdg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DS_ACCELERATOR := cpu
 
-.PHONY: setup reproduce run test test-fast lint-only check-reference cpu-data docs lint dryrun report clean-results
+.PHONY: setup reproduce run test test-fast test-slurm lint-only check-reference cpu-data docs lint dryrun report clean-results
 setup: $(VENV)/.stamp $(DS_BUGGY)/.stamp $(VENV)/.checkout-env
 
 # A .pth line that keeps every cache of this venv's programs in .cache/ (src/gradfidelity/checkout_env.py): a
@@ -64,16 +64,22 @@ run:
 	$(VENV)/bin/snakemake $(TARGETS) -c$(CORES) --config scale=$(SCALE) $(CONFIG)
 
 # The test tiers. FAST: unit tests, no end-to-end DAG, no DeepSpeed launch, nothing slow (at most 3 minutes on 2
-# cores). REST: everything else. `make test` is the whole suite: lint, then FAST, then REST, each tier's time printed
-# (.ci/run calls it). CONTRIBUTING.md says which to run when.
-FAST := not slow and not e2e and not deepspeed
+# cores). REST: everything else but SLURM. `make test` is the whole suite: lint, FAST, REST, then the SLURM slice,
+# each tier's time printed (.ci/run calls it). CONTRIBUTING.md says which to run when.
+# SLURM: a one-node cluster started and stopped by the test itself (root, or slurm-wlm installed; skipped with the
+# reason elsewhere).
+FAST := not slow and not e2e and not deepspeed and not slurm
 PYTEST := $(VENV)/bin/python -m pytest -q -p no:cacheprovider
 tier = t0=$$(date +%s); $(2); rc=$$?; echo "== tier $(1): $$(( $$(date +%s) - t0 )) s (exit $$rc)"; exit $$rc
 
 test: setup
 	@$(call tier,lint,$(MAKE) --no-print-directory lint-only)
 	@$(call tier,fast,$(PYTEST) -m "$(FAST)" tests)
-	@$(call tier,rest,$(PYTEST) --durations=15 -m "not ($(FAST))" tests)
+	@$(call tier,rest,$(PYTEST) --durations=15 -m "not ($(FAST)) and not slurm" tests)
+	@$(call tier,slurm,$(PYTEST) -rs -m slurm tests)
+
+test-slurm: setup
+	@$(call tier,slurm,$(PYTEST) -rs -m slurm tests)
 
 test-fast: setup
 	@$(call tier,fast,$(PYTEST) --durations=10 -m "$(FAST)" tests)

@@ -27,6 +27,13 @@ include: "workflow/rules/stats.smk"
 include: "workflow/rules/report.smk"
 
 
+check_cluster_resources()
+
+
+onstart:
+    check_slurm_account()
+
+
 # The HTML report opens on this page (scale, machine, git sha, verdict counts, the claims figure, links per study).
 report: REPORT_SUMMARY
 

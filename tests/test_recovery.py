@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_workflow import COPY_IGNORE, REPO
+from tests._repo_copy import COPY_IGNORE, REPO
 
 # Two of study B's learning-rate grid runs: they need nothing upstream and checkpoint every 10 steps here.
 _GRID = "results/smoke/async_pp/optimizer~muon/lr~x{m}/head~tied/schedule~sync/mitigation~none/depth~1/momentum~0.95/" \

@@ -21,20 +21,11 @@ from gradfidelity.claims.verify import (
     REPRODUCED,
     VERDICTS,
 )
+from tests._repo_copy import COPY_IGNORE
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 CACHE_VARIABLES = (*CACHES, "HF_HUB_OFFLINE")
-_IGNORE = shutil.ignore_patterns(".venv", ".venv-ds0189", ".cache", ".snakemake", "results", ".git", "__pycache__",
-                                 ".pytest_cache", ".ruff_cache")
-
-
-def COPY_IGNORE(directory, names):
-    """What a fresh clone would not have: environments, caches, results and built tables/figures."""
-    ignored = set(_IGNORE(directory, names))
-    if Path(directory).name in ("paper_tables", "figures"):
-        ignored |= {n for n in names if n != "README.md"}
-    return ignored
 
 
 def _smk(*args, cwd=REPO, timeout=300, env=None):

@@ -58,9 +58,7 @@ rule async_pp_train:
         CONDA_ENV
     threads: ASYNC_PP_CFG["threads_per_run"]
     resources:
-        mem_mb=ASYNC_PP_MEM,
-        runtime=ASYNC_PP_RUNTIME,
-        gpu=ASYNC_PP_GPU,
+        **cluster_resources("async_pp_train", mem_mb=ASYNC_PP_MEM, runtime=ASYNC_PP_RUNTIME, gpu=ASYNC_PP_GPU),
     shell:
         "{params.gf} async-pp-train --cfg {params.cfg} --metrics {output} {params.lr} --threads {params.threads} "
         "> {log} 2>&1"

@@ -59,6 +59,52 @@ for _study in STUDIES:
 if "conda" in {str(m).lower().split(".")[-1] for m in workflow.deployment_settings.deployment_method}:
     raise UserError("--use-conda / --sdm conda is not supported: run `make setup` and use the .venv's snakemake")
 
+# What each rule asks a cluster for at this scale, beyond what it declares, comes from config/<scale>/resources.yaml
+# (the paper scale only), so a smoke or cpu run through SLURM requests only what its rules declare at that scale.
+_RESOURCES_PATH = REPO / "config" / SCALE / "resources.yaml"
+SCALE_RESOURCES = {}
+if _RESOURCES_PATH.exists():
+    SCALE_RESOURCES = yaml.safe_load(_RESOURCES_PATH.read_text()) or {}
+    validate_section(SCALE_RESOURCES, REPO / "workflow" / "schemas" / "resources.schema.yaml",
+                     f"config/{SCALE}/resources.yaml")
+    SCALE_RESOURCES = SCALE_RESOURCES.get("rules", {})
+
+
+def cluster_resources(name, **declared):
+    """`resources: **cluster_resources("<rule>", mem_mb=..., runtime=...)`: the rule's own values, then this scale's
+    config/<scale>/resources.yaml entry for it on top. A GPU count of 0 is dropped, so no job asks for a GPU where
+    its scale needs none."""
+    merged = {**declared, **SCALE_RESOURCES.get(name, {})}
+    if not merged.get("gpu"):
+        merged.pop("gpu", None)
+    return merged
+
+
+def check_cluster_resources():
+    """Called at the end of the Snakefile: every rule named in config/<scale>/resources.yaml exists (a typo would
+    otherwise be ignored silently and the job would ask for the cpu-scale resources)."""
+    names = {r.name for r in workflow.rules}
+    unknown = sorted(set(SCALE_RESOURCES) - names)
+    if unknown:
+        raise UserError(f"config/{SCALE}/resources.yaml names rules that do not exist: {', '.join(unknown)}")
+
+
+def check_slurm_account():
+    """Called on start (the Snakefile's onstart): under the SLURM executor, a job is never submitted under a guessed
+    account. The plugin would otherwise guess one with sacctmgr, or go on without."""
+    if getattr(workflow.executor_plugin, "name", None) != "slurm":
+        return
+    if getattr(workflow.executor_settings, "no_account", False):
+        return
+    defaults = workflow.resource_settings.default_resources
+    account = defaults.get("slurm_account") if defaults is not None else None
+    raw = str(getattr(account, "raw", "") or "").strip("'\" ")
+    if not raw or raw.startswith("EDIT"):
+        raise UserError("no SLURM account set: edit slurm_account in workflow/profiles/slurm/config.yaml (or pass "
+                        "--default-resources slurm_account=NAME after the targets); on a cluster without accounts, "
+                        "pass --slurm-no-account")
+
+
 THREADS = config["threads"]
 # The package, run by the interpreter that runs Snakemake. Inside the checkout it is named relative to it, so a
 # moved or fresh clone sees unchanged shell commands and does not rerun finished jobs.

@@ -83,8 +83,7 @@ for _group, _methods in LOCAL_GROUPS.items():
             CONDA_ENV
         threads: LOCAL_THREADS
         resources:
-            mem_mb=8000,
-            runtime=600,
+            **cluster_resources(f"local_{_group}", mem_mb=8000, runtime=600),
         shell:
             "{params.env}{params.gf} local-cell --cfg {params.cfg} --corpus {wildcards.corpus}"
             " --width {wildcards.width} --seed {wildcards.seed} --methods {params.methods}"
@@ -196,8 +195,7 @@ rule local_bench:
         CONDA_ENV
     threads: LOCAL_THREADS
     resources:
-        mem_mb=8000,
-        runtime=120,
+        **cluster_resources("local_bench", mem_mb=8000, runtime=120),
     shell:
         "{params.env}{params.gf} local-bench --cfg {params.cfg} --out {output} > {log} 2>&1"
 

@@ -41,8 +41,9 @@ rule sft_rl_base:
         CONDA_ENV
     threads: SFT_RL["threads"]
     resources:
-        mem_mb=SFT_RL["slurm"]["mem_mb"],
-        runtime=SFT_RL["slurm"]["runtime_min"],
+        **cluster_resources(
+            "sft_rl_base", mem_mb=SFT_RL["slurm"]["mem_mb"], runtime=SFT_RL["slurm"]["runtime_min"]
+        ),
     shell:
         "{params.gf} sft-rl-pretrain --cfg {params.cfg} --model {wildcards.model} --out $(dirname {output}) > {log} 2>&1"
 
@@ -67,9 +68,9 @@ rule sft_rl_sft:
         CONDA_ENV
     threads: SFT_RL["threads"]
     resources:
-        mem_mb=SFT_RL["slurm"]["mem_mb"],
-        runtime=SFT_RL["slurm"]["runtime_min"],
-        gpu=SFT_RL_GPUS,
+        **cluster_resources(
+            "sft_rl_sft", mem_mb=SFT_RL["slurm"]["mem_mb"], runtime=SFT_RL["slurm"]["runtime_min"], gpu=SFT_RL_GPUS
+        ),
     shell:
         "{params.env} {params.gf} sft-rl-sft --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
         "--seed {wildcards.seed} --base $(dirname {input.base}) --out $(dirname {output}) > {log} 2>&1"
@@ -120,9 +121,9 @@ rule sft_rl_rl:
         CONDA_ENV
     threads: SFT_RL["threads"]
     resources:
-        mem_mb=SFT_RL["slurm"]["mem_mb"],
-        runtime=SFT_RL["slurm"]["runtime_min"],
-        gpu=SFT_RL_GPUS,
+        **cluster_resources(
+            "sft_rl_rl", mem_mb=SFT_RL["slurm"]["mem_mb"], runtime=SFT_RL["slurm"]["runtime_min"], gpu=SFT_RL_GPUS
+        ),
     shell:
         "{params.env} {params.gf} sft-rl-rl --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
         "--method {wildcards.method} --seed {wildcards.seed} --init $(dirname {input.init}) "
