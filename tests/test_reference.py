@@ -93,7 +93,7 @@ RUN = "results/cpu/async_pp/cell/seed0"
 
 
 def _rows(cpu, loss, steps=400, status="ok", delta=0.03):
-    return pd.DataFrame([{"run_id": RUN, "status": status, "cpu_model": cpu, "metric_loss": loss,
+    return pd.DataFrame([{"run_id": RUN, "study": "async_pp", "status": status, "cpu_model": cpu, "metric_loss": loss,
                           "metric_steps": steps, "metric_delta": delta}])
 
 

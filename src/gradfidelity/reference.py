@@ -176,11 +176,6 @@ def cross_host_rules(drift: pd.DataFrame) -> dict[tuple[str, str], float | None]
     return rules
 
 
-def _study_of(run_id: str) -> str:
-    parts = Path(run_id).parts
-    return parts[2] if len(parts) > 2 and parts[0] == "results" else ""
-
-
 def compare(committed: pd.DataFrame, rerun: pd.DataFrame, host_cpu: str | None,
             rules: dict[tuple[str, str], float | None] | None = None) -> pd.DataFrame:
     """One row per (run, metric): committed, rerun, difference (absolute and relative), the rule applied and the
@@ -199,7 +194,7 @@ def compare(committed: pd.DataFrame, rerun: pd.DataFrame, host_cpu: str | None,
                          "difference": "", "rel_difference": "", "rule": "", "verdict": "MISMATCH"})
             continue
         new = rerun.loc[run]
-        study = _study_of(run)
+        study = rec["study"]  # recorded by the harness in metrics.json (the drift table uses the same)
         if new["status"] != rec["status"]:
             rows.append({"run": run, "metric": "status", "committed": rec["status"], "rerun": new["status"],
                          "difference": "", "rel_difference": "", "rule": "exact", "verdict": "MISMATCH"})
@@ -288,7 +283,7 @@ def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, bud
             raise UserError(f"the rerun failed; the scratch copy is kept in {work} (job logs under "
                             f"results/cpu/*/logs):\n{res.stderr[-3000:]}")
         rerun = runs_table([work / _metrics_path(r) for r in sample], SCALE)
-        rerun["run_id"] = [r for r in sample]  # the committed tables name runs relative to the checkout
+        rerun["run_id"] = list(sample)  # the committed tables name runs relative to the checkout
         host = cpu_model()
         drift_path = repo / DRIFT
         if not drift_path.is_file():

@@ -47,14 +47,6 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def md5_file(path: str | os.PathLike) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as fh:
-        while block := fh.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # ----------------------------------------------------------------------------------------------- checkpoints
 def save_checkpoint(path: str | os.PathLike, obj: Any) -> Path:
     """torch.save `obj`, prefixed by the payload's SHA-256, in one atomic write."""
@@ -118,7 +110,7 @@ def write_manifest(directory: str | os.PathLike) -> Path:
 
 
 def verify_manifest(directory: str | os.PathLike) -> None:
-    """Raise CorruptState naming the first file that is missing, extra in size or different in content."""
+    """Raise CorruptState naming the first listed file that is missing, of another size, or different in content."""
     directory = Path(directory)
     manifest = directory / MANIFEST
     if not manifest.is_file():
