@@ -9,7 +9,8 @@ from snakemake.utils import update_config
 
 from gradfidelity.config import coerce_cli_strings, validate_section
 from gradfidelity.errors import UserError
-from tests.test_workflow import REPO, _smk
+from tests._snakemake import REPO
+from tests._snakemake import smk as _smk
 
 SCHEMA = {"type": "object", "additionalProperties": False, "definitions": {"n": {"type": "integer"}},
           "properties": {"train": {"type": "object", "additionalProperties": False,

@@ -148,8 +148,8 @@ def test_manifest_catches_a_changed_a_truncated_and_a_missing_file(tmp_path):
 def test_a_damaged_hf_checkpoint_is_refused_naming_the_file(tmp_path):
     from gradfidelity.studies.sft_rl import models
 
-    cfg = models.ModelConfig(name="tiny", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                              intermediate_size=32)
+    cfg = models.ModelConfig(name="tiny", arch="qwen2", hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                             intermediate_size=32, max_position=256, hub_id=None)
     tok = models.build_tokenizer()
     models.save_checkpoint(models.build_tiny_model(cfg, tok, seed=0), tok, tmp_path / "model")
     models.load_checkpoint(tmp_path / "model")  # intact: loads

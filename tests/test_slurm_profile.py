@@ -50,16 +50,28 @@ def test_paper_requests_the_papers_sizes():
     assert by_rule["local_main"]["cpus_per_task"] == "31" and "gpu" not in by_rule["local_main"]
 
 
-def test_a_resources_file_naming_an_unknown_rule_fails_before_any_job(tmp_path):
+@pytest.mark.parametrize("scale", ["smoke", "paper"])
+def test_a_resources_file_with_a_typo_fails_before_any_job(tmp_path, scale):
+    """config/<scale>/resources.yaml is the one place of every rule's requests: a rule without an entry, and an entry
+    for no rule (a typo that would otherwise leave the real rule with nothing), both stop the workflow naming it."""
     import shutil
 
     from tests._repo_copy import COPY_IGNORE
 
     work = tmp_path / "repo"
     shutil.copytree(REPO, work, ignore=COPY_IGNORE)
-    path = work / "config" / "paper" / "resources.yaml"
-    path.write_text(path.read_text().replace("local_bench:", "local_bnech:"))
-    res = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--config", "scale=paper"], cwd=work,
-                         capture_output=True, text=True, timeout=300)
+    path = work / "config" / scale / "resources.yaml"
+    original = path.read_text()
+
+    def dry_run():
+        return subprocess.run([sys.executable, "-m", "snakemake", "-n", "--config", f"scale={scale}"], cwd=work,
+                              capture_output=True, text=True, timeout=300)
+
+    path.write_text(original + "  local_bnech: {mem_mb: 1000, runtime: 5}\n")
+    res = dry_run()
     assert res.returncode != 0
     assert "names rules that do not exist: local_bnech" in res.stdout + res.stderr
+    path.write_text(original.replace("local_bench:", "local_bnech:"))
+    res = dry_run()
+    assert res.returncode != 0
+    assert f"config/{scale}/resources.yaml has no entry for rule 'local_bench'" in res.stdout + res.stderr

@@ -8,8 +8,8 @@ import pytest
 from scipy import stats
 from statsmodels.stats.weightstats import ttost_paired
 
-from gradfidelity.stats import equivalence_tost, implied_sd, noninferiority, paired_ratio_ci, seeds_for_power
-from gradfidelity.stats.check import stats_check_table
+from gradfidelity.stats import equivalence_tost, noninferiority, paired_ratio_ci, seeds_for_power
+from gradfidelity.stats.intervals import Interval, one_sided_p, t_interval
 
 
 def test_noninferiority_matches_textbook_bound():
@@ -128,11 +128,27 @@ def test_statistics_refuse_nan_from_diverged_runs():
         paired_ratio_ci([1.0], [1.0])
 
 
-def test_worked_example_from_study_c():
-    sd = implied_sd(0.841, 2.095, 5)
-    assert sd == pytest.approx(1.315, abs=5e-4)
-    need = seeds_for_power(0.841, sd, 1.0)
-    assert round(need["normal"]) == 423
-    assert need["exact_t"] == 425
-    table = stats_check_table()
-    assert list(table.loc[table["fits_about_423"], "n"]) == [5]
+@pytest.mark.parametrize("n", [2, 3, 5, 11])
+def test_t_interval_is_scipys_t_interval(n):
+    x = np.random.default_rng(n).normal(0.3, 2.0, size=n)
+    iv = t_interval(x, 0.9)
+    low, high = stats.t.interval(0.9, n - 1, loc=x.mean(), scale=stats.sem(x))
+    assert (iv.estimate, iv.n, iv.level) == (pytest.approx(x.mean()), n, 0.9)
+    assert (iv.low, iv.high) == (pytest.approx(low, rel=1e-12), pytest.approx(high, rel=1e-12))
+    assert iv.fmt(2) == f"[{iv.low:.2f}, {iv.high:.2f}]"
+
+
+def test_t_interval_edge_cases():
+    assert t_interval([1.5, 1.5, 1.5], 0.95) == Interval(1.5, 1.5, 1.5, 0.95, 3)  # a constant series: a point
+    one = t_interval([2.0], 0.95)
+    assert (one.low, one.high, one.fmt()) == (None, None, "n/a")
+    with pytest.raises(ValueError, match="non-finite"):
+        t_interval([1.0, float("inf")], 0.95)
+    with pytest.raises(ValueError, match="no values"):
+        t_interval([], 0.95)
+
+
+def test_one_sided_p_is_scipys():
+    x = [0.4, 1.1, -0.2, 0.9]
+    assert one_sided_p(x) == pytest.approx(stats.ttest_1samp(x, 0.0, alternative="greater").pvalue)
+    assert one_sided_p(x, "less") == pytest.approx(1 - one_sided_p(x))

@@ -2,17 +2,14 @@
 smoke run in a temporary copy of the repository."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from gradfidelity.checkout_env import CACHES
 from gradfidelity.claims.verify import (
     ARITHMETIC_OK,
     INCONCLUSIVE,
@@ -22,22 +19,8 @@ from gradfidelity.claims.verify import (
     VERDICTS,
 )
 from tests._repo_copy import COPY_IGNORE
-
-REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
-CACHE_VARIABLES = (*CACHES, "HF_HUB_OFFLINE")
-
-
-def _smk(*args, cwd=REPO, timeout=300, env=None):
-    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def home_only_env(home: Path) -> dict:
-    """This process's environment with HOME at `home` and none of the cache variables that the Makefile, common.smk
-    and conftest set: whatever keeps the caches in the checkout must then come from the venv itself."""
-    env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
-    env["HOME"] = str(home)
-    return env
+from tests._snakemake import REPO, home_only_env
+from tests._snakemake import smk as _smk
 
 
 def test_unknown_scale_fails_before_any_job_naming_the_key():

@@ -11,14 +11,8 @@ import importlib
 import sys
 
 from gradfidelity.errors import UserError
+from gradfidelity.harness.environment import prepare_job_environment
 from gradfidelity.studies import STUDIES
-
-
-def _stats_check(args) -> int:
-    from gradfidelity.stats.check import write_stats_check
-
-    write_stats_check(args.csv, args.md, args.evidence, args.scale)
-    return 0
 
 
 def _verify(args) -> int:
@@ -93,13 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradfidelity", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
 
-    p = sub.add_parser("stats-check", help="recompute study C's reported statistics from its summary numbers")
-    p.add_argument("--csv", required=True)
-    p.add_argument("--md", required=True)
-    p.add_argument("--evidence", required=True, help="claim evidence JSON to write")
-    p.add_argument("--scale", required=True)
-    p.set_defaults(func=_stats_check)
-
     p = sub.add_parser("verify", help="compute every claim's verdict from the studies' evidence")
     p.add_argument("--evidence", nargs="*", default=[], help="results/claims/<study>.json files")
     p.add_argument("--csv", required=True)
@@ -168,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    prepare_job_environment()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -4,7 +4,6 @@ seeds than the registry's min_n (here: a seed whose sync runs diverged, which mu
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import re
@@ -13,27 +12,22 @@ from pathlib import Path
 import jsonschema
 import pandas as pd
 import pytest
-import yaml
 
 from gradfidelity.claims.evidence import RECORD_SCHEMA, level_for
 from gradfidelity.claims.verify import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, judge, load_evidence, load_registry
 from gradfidelity.errors import UserError
-from gradfidelity.studies.async_pp.analysis import (
-    CLAIM_IDS,
-    Gaps,
-    aggregate,
-    claims,
-    main_table,
-    mitigations_table,
-    write_claims,
-)
-from gradfidelity.studies.async_pp.names import DEFAULTS, OPTIMIZERS
+from gradfidelity.studies.async_pp.aggregate import aggregate
+from gradfidelity.studies.async_pp.claims import CLAIM_IDS, claims, write_claims
+from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS, StudyConfig
+from gradfidelity.studies.async_pp.pairing import Gaps, extra_steps
 from gradfidelity.studies.async_pp.plan import cells
-from gradfidelity.studies.async_pp.report import write_tables
+from gradfidelity.studies.async_pp.rules import job_section
+from gradfidelity.studies.async_pp.tables import length_table, main_table, mitigations_table, write_tables
+from tests.async_pp._cfg import study, validated
 
-SMOKE = yaml.safe_load(open("config/smoke/async_pp.yaml"))
-CFG = copy.deepcopy(SMOKE)
-CFG["seeds"] = 3
+SMOKE_CFG = study()
+CFG = study(seeds=3)
+STEPS = SMOKE_CFG.train.steps
 ROWS = {r["id"]: r for r in load_registry() if r["study"] == "async_pp"}
 MEASURED = [cid for cid in CLAIM_IDS if cid != "B8"]
 ROOT = "results/async_pp"
@@ -47,7 +41,7 @@ def _noise(opt: str, seed: int) -> float:
 HOLDS = {  # a world where every claim B1..B9 holds
     "gap": {"adamw": 0.3, "muon": 0.01, "soap": 0.05, "adan": 0.1, "lion": 0.2, "mars": 0.2},
     "momentum": lambda mom, default: (1 - mom) / (1 - default),  # higher momentum, smaller gap
-    "length": lambda steps, s: 1.0 if steps == SMOKE["train"]["steps"] else 1 + 0.02 * (s - 1),  # no growth
+    "length": lambda steps, s: 1.0 if steps == STEPS else 1 + 0.02 * (s - 1),  # no growth
     "pipedream": lambda P: 0.1 * P,  # grows with depth, above 2bw's gap at P > 2
     "plateau": 0.001,  # the sync loss is flat at the end
     "ef": lambda opt, s: {"muon": 0.6 + 0.01 * (s - 1), "adamw": 0.875 + 0.002 * (s - 1)}.get(opt, 0.5),
@@ -56,7 +50,7 @@ HOLDS = {  # a world where every claim B1..B9 holds
 FALSE = {  # a world where every one of them is false
     "gap": {"adamw": 0.03, "muon": 0.1, "soap": 0.5, "adan": 0.5, "lion": 0.5, "mars": 0.2},
     "momentum": lambda mom, default: mom / default,
-    "length": lambda steps, s: steps / SMOKE["train"]["steps"],
+    "length": lambda steps, s: steps / STEPS,
     "pipedream": lambda P: 0.5 / P,
     "plateau": 0.001,
     "ef": lambda opt, s: 0.2 + 0.01 * (s - 1),
@@ -80,7 +74,7 @@ def _loss(world: dict, c) -> float:
     return base + g
 
 
-def _runs(world: dict, cfg: dict = CFG, loss=None) -> pd.DataFrame:
+def _runs(world: dict, cfg: StudyConfig = CFG, loss=None) -> pd.DataFrame:
     loss = loss or (lambda c: _loss(world, c))
     return pd.DataFrame([{"optimizer": c.optimizer, "lr": c.lr, "head": c.head, "schedule": c.schedule,
                           "mitigation": c.mitigation, "depth": c.depth, "momentum": c.momentum, "steps": c.steps,
@@ -100,7 +94,7 @@ def _scale(cid: str) -> str:
     return "cpu" if "cpu" in ROWS[cid]["scales"] else "paper"
 
 
-def _verdicts(runs: pd.DataFrame, cfg: dict = CFG) -> tuple[dict, dict]:
+def _verdicts(runs: pd.DataFrame, cfg: StudyConfig = CFG) -> tuple[dict, dict]:
     values = claims(Gaps(runs, cfg), "cpu")["values"]
     for rec in values.values():
         jsonschema.validate(rec, RECORD_SCHEMA)
@@ -220,7 +214,7 @@ def test_tables_name_diverged_runs(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- aggregation
-def _write_runs(root: Path, cfg: dict, scale: str, diverged=lambda c: False) -> list[str]:
+def _write_runs(root: Path, cfg: StudyConfig, scale: str, diverged=lambda c: False) -> list[str]:
     paths = []
     for c in cells(cfg):
         d = Path(c.dir(str(root)))
@@ -232,13 +226,15 @@ def _write_runs(root: Path, cfg: dict, scale: str, diverged=lambda c: False) -> 
             rec = {"status": "ok", "metrics": {"final_val_loss": v, "plateau_delta": 0.001,
                                                "curve": [[1, 512, v + 1], [2, 1024, v]]},
                    "timing": {"wall_s": 1.0, "step_s": 0.01}}
-        (d / "metrics.json").write_text(json.dumps({**rec, "study": "async_pp", "scale": scale, "seed": c.seed}))
+        cell = {"study": "async_pp", **c.wildcards()}  # what the harness writes: the rule's wildcards
+        (d / "metrics.json").write_text(json.dumps({**rec, "study": "async_pp", "scale": scale, "seed": c.seed,
+                                                    "cell": cell}))
         paths.append(str(d / "metrics.json"))
     return paths
 
 
 def test_aggregate_reads_the_files_it_is_given_through_the_harness_loader(tmp_path, monkeypatch):
-    cfg = copy.deepcopy(SMOKE)
+    cfg = SMOKE_CFG
     root = tmp_path / "runs"
     paths = _write_runs(root, cfg, "smoke", diverged=lambda c: c.optimizer == "lion" and c.schedule == "2bw"
                         and c.mitigation == "none")
@@ -266,19 +262,34 @@ def test_aggregate_reads_the_files_it_is_given_through_the_harness_loader(tmp_pa
         aggregate(paths, str(runs_csv), str(curves_csv))
 
 
-def test_aggregate_refuses_a_path_that_names_no_cell(tmp_path):
-    with pytest.raises(UserError, match="not an async_pp run path"):
-        aggregate([str(tmp_path / "x" / "metrics.json")], str(tmp_path / "r.csv"), str(tmp_path / "c.csv"), "smoke")
+def test_aggregate_reads_the_cell_from_the_records_not_the_path(tmp_path):
+    paths = _write_runs(tmp_path / "runs", SMOKE_CFG, "smoke")
+    moved = tmp_path / "elsewhere" / "metrics.json"  # a run directory named nothing like its cell
+    moved.parent.mkdir()
+    moved.write_text(Path(paths[0]).read_text())
+    runs_csv, curves_csv = tmp_path / "r.csv", tmp_path / "c.csv"
+    aggregate([str(moved)], str(runs_csv), str(curves_csv), "smoke")
+    row = pd.read_csv(runs_csv).iloc[0]
+    first = cells(SMOKE_CFG)[0]
+    assert (row.optimizer, row.lr, row.schedule, row.seed) == (first.optimizer, first.lr, first.schedule, first.seed)
+    rec = json.loads(moved.read_text())
+    for cell, match in ((None, "no 'cell'"), ({"study": "local", "seed": "0"}, "not an async_pp run")):
+        if cell is None:
+            rec.pop("cell")
+        else:
+            rec["cell"] = cell
+        moved.write_text(json.dumps(rec))
+        with pytest.raises(UserError, match=match):
+            aggregate([str(moved)], str(runs_csv), str(curves_csv), "smoke")
 
 
 def test_cli_aggregate_and_report_with_scale(tmp_path, monkeypatch):
     from gradfidelity.cli import main
 
     monkeypatch.delenv("GRADFIDELITY_SCALE", raising=False)
-    cfg = copy.deepcopy(SMOKE)
     root, runs_csv, curves_csv = tmp_path / "runs", tmp_path / "runs.csv", tmp_path / "curves.csv"
-    paths = _write_runs(root, cfg, "smoke")
-    c = json.dumps(cfg)
+    paths = _write_runs(root, SMOKE_CFG, "smoke")
+    c = json.dumps(job_section(validated(), "claims"))  # what the rule passes
     assert main(["async-pp-aggregate", "--metrics", *paths, "--runs", str(runs_csv), "--curves",
                  str(curves_csv), "--scale", "smoke"]) == 0
     out, main_csv = tmp_path / "claims.json", tmp_path / "main.csv"
@@ -348,8 +359,6 @@ def test_a_diverged_2bw_seed_is_dropped_from_every_claim_that_needs_it():
 
 
 def test_main_table_reports_gap_intervals_extra_steps_and_the_plateau_gate():
-    from gradfidelity.studies.async_pp.analysis import extra_steps
-
     assert extra_steps([10, 20, 30, 40], [3.0, 2.0, 1.5, 1.0], 2.0) == pytest.approx(20.0)
     assert extra_steps([10, 20, 30, 40], [3.0, 2.0, 1.5, 1.0], 1.75) == pytest.approx(15.0)
     assert math.isnan(extra_steps([10, 20], [3.0, 2.0], 1.9))  # async below sync's final loss
@@ -361,10 +370,8 @@ def test_main_table_reports_gap_intervals_extra_steps_and_the_plateau_gate():
 
 
 def test_length_table_gives_each_budget_its_gap_limit_and_gate():
-    from gradfidelity.studies.async_pp.analysis import length_table
-
     runs = _runs(HOLDS)
-    short, long = sorted(CFG["sweeps"]["length"]["steps"])
+    short, long = sorted(CFG.sweeps.length.steps)
     runs.loc[runs.steps == short, "plateau_delta"] = 0.2  # still falling at the short budget only
     table = length_table(Gaps(runs, CFG)).set_index(["optimizer", "steps"])
     tuned = runs[(runs.lr == "tuned") & (runs.mitigation == "none") & (runs.depth == 1) & (runs["head"] == "tied")
@@ -378,13 +385,12 @@ def test_length_table_gives_each_budget_its_gap_limit_and_gate():
         limit = 0.25 * max(abs(gap), 0.01 * sync)
         assert row["plateau_limit"] == pytest.approx(limit) and limit == pytest.approx(0.25 * 0.01 * sync)
         assert row["plateau_gate"] == gate and row["seeds"] == 3
-        assert row["tokens"] == steps * CFG["train"]["batch_size"] * CFG["train"]["seq_len"]
+        assert row["tokens"] == steps * CFG.train.batch_size * CFG.train.seq_len
 
 
 @pytest.mark.parametrize(("muon_gap", "scale"), [(0.01, "log"), (-0.01, "symlog")])
 def test_gap_vs_tokens_figure_plots_the_length_table_on_the_right_axis(tmp_path, monkeypatch, muon_gap, scale):
-    from gradfidelity.studies.async_pp import report
-    from gradfidelity.studies.async_pp.analysis import length_table
+    from gradfidelity.studies.async_pp import figures
 
     seen = {}
 
@@ -393,11 +399,11 @@ def test_gap_vs_tokens_figure_plots_the_length_table_on_the_right_axis(tmp_path,
         seen.update(scale=ax.get_yscale(), lines={ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()})
         return save_figure(fig, path, caption)
 
-    save_figure = report.save_figure
-    monkeypatch.setattr(report, "save_figure", spy)
+    save_figure = figures.save_figure
+    monkeypatch.setattr(figures, "save_figure", spy)
     g = Gaps(_runs({**HOLDS, "gap": {**HOLDS["gap"], "muon": muon_gap}}), CFG)
     path = tmp_path / "gap_vs_tokens.png"
-    report.fig_gap_vs_tokens(g, str(path))
+    figures.fig_gap_vs_tokens(g, str(path))
     muon = length_table(g).query("optimizer == 'muon'")
     assert seen["scale"] == scale
     assert seen["lines"]["muon gap"] == pytest.approx(list(muon.gap))

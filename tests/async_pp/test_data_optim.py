@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from gradfidelity.errors import UserError
+from gradfidelity.studies.async_pp.config import OPTIMIZERS
 from gradfidelity.studies.async_pp.data import CharTokenizer, embedded_corpus, embedded_stream, fineweb_stream
-from gradfidelity.studies.async_pp.model import ModelConfig, build_model, lm_loss
-from gradfidelity.studies.async_pp.names import OPTIMIZERS
+from gradfidelity.studies.async_pp.model import build_model, lm_loss
 from gradfidelity.studies.async_pp.optimizers import REGISTRY, build_optimizer, lr_factor
+from tests.async_pp._cfg import model_config
 
 
 def test_embedded_corpus_is_deterministic_and_in_alphabet():
@@ -52,7 +53,7 @@ def test_fineweb_loader_on_a_local_parquet_fixture(tmp_path):
 
 def test_registry_names_and_momentum_mapping():
     assert tuple(REGISTRY) == OPTIMIZERS
-    cfg = ModelConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
+    cfg = model_config(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
     m = build_model(cfg, 0)
     named = list(m.named_parameters())
     where = {"adamw": lambda g: g["betas"][0], "muon": lambda g: g["momentum"], "soap": lambda g: g["betas"][0],
@@ -105,7 +106,7 @@ def _one_step(name, named, zero_grad_for=()):
 
 
 def test_mars_does_not_decay_1d_gains():
-    cfg = ModelConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
+    cfg = model_config(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
     m = build_model(cfg, 0)
     named = list(m.named_parameters())
     gains = [n for n, p in named if p.ndim == 1]
@@ -122,7 +123,7 @@ def test_muon_lr_is_width_adjusted():
     """use_adjusted_lr: the per-entry RMS of an orthogonalised update is 0.2 lr at any width (Moonlight)."""
     rms = {}
     for d in (16, 64):
-        cfg = ModelConfig(vocab_size=40, d_model=d, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=2 * d, max_seq_len=8)
+        cfg = model_config(vocab_size=40, d_model=d, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=2 * d, max_seq_len=8)
         m = build_model(cfg, 0, dtype=torch.float64)
         named = list(m.named_parameters())
         w = m.layers[0].mlp.up_proj.weight

@@ -185,10 +185,11 @@ def test_bad_names_are_user_errors():
 
 # ----------------------------------------------------------------------------------------------- tied weights
 def _decoder(tie: bool):
-    from gradfidelity.studies.async_pp.model import ModelConfig, build_model
+    from gradfidelity.studies.async_pp.model import build_model
+    from tests.async_pp._cfg import model_config
 
-    cfg = ModelConfig(vocab_size=20, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8,
-                      tie_embeddings=tie)
+    cfg = model_config(vocab_size=20, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8,
+                       tie_embeddings=tie)
     return build_model(cfg, seed=0, dtype=torch.float64)
 
 

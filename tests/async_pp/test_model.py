@@ -15,6 +15,7 @@ from gradfidelity.studies.async_pp.model import (
     stage_bounds,
     stage_of_params,
 )
+from tests.async_pp._cfg import model_config
 
 
 def _hf(cfg: ModelConfig) -> LlamaForCausalLM:
@@ -29,8 +30,8 @@ def _hf(cfg: ModelConfig) -> LlamaForCausalLM:
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_logits_match_transformers_llama(tie):
-    cfg = ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16,
-                      tie_embeddings=tie)
+    cfg = model_config(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, max_seq_len=16,
+                       tie_embeddings=tie)
     ours = build_model(cfg, seed=3, dtype=torch.float64)
     hf = _hf(cfg)
     sd = {("model." + k if not k.startswith("lm_head") else k): v for k, v in ours.state_dict().items()}
@@ -46,7 +47,7 @@ def test_logits_match_transformers_llama(tie):
 
 
 def test_stage_slices_compose_to_the_full_model():
-    cfg = ModelConfig(vocab_size=20, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
+    cfg = model_config(vocab_size=20, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
     m = build_model(cfg, seed=0, dtype=torch.float64)
     idx = torch.randint(0, 20, (2, 8))
     for P in (2, 4, 8):
@@ -67,7 +68,7 @@ def test_smollm_135m_and_360m_shapes_have_the_published_sizes():
 
     for shape in ((49152, 576, 30, 9, 3, 1536), (49152, 960, 32, 15, 5, 2560)):
         V, d, L, h, kv, ff = shape
-        cfg = ModelConfig(vocab_size=V, d_model=d, n_layers=L, n_heads=h, n_kv_heads=kv, d_ff=ff, max_seq_len=2048)
+        cfg = model_config(vocab_size=V, d_model=d, n_layers=L, n_heads=h, n_kv_heads=kv, d_ff=ff, max_seq_len=2048)
         with torch.device("meta"):
             m = Decoder(cfg)
         assert n_params(m) == count(*shape)
@@ -76,8 +77,7 @@ def test_smollm_135m_and_360m_shapes_have_the_published_sizes():
 
 def test_bad_shapes_are_user_errors():
     with pytest.raises(UserError, match="n_kv_heads"):
-        ModelConfig.from_dict(dict(vocab_size=10, d_model=16, n_layers=1, n_heads=4, n_kv_heads=3, d_ff=8,
-                                   max_seq_len=8))
-    with pytest.raises(UserError, match="unknown keys"):
-        ModelConfig.from_dict(dict(vocab_size=10, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=8,
-                                   max_seq_len=8, dropout=0.1))
+        model_config(vocab_size=10, d_model=16, n_layers=1, n_heads=4, n_kv_heads=3, d_ff=8, max_seq_len=8)
+    with pytest.raises(UserError, match="even"):
+        model_config(d_model=12, n_heads=4, n_kv_heads=2)  # head dim 3: RoPE rotates pairs
+    # unknown keys and the cross-field checks at config load: test_config.py

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from gradfidelity.errors import UserError
+from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.ds_audit.alignment import summarise, window_row, write_tables
 
 
@@ -39,13 +39,14 @@ def test_degenerate_gram_is_an_error():
         window_row(np.ones((2, 2)))
 
 
-def test_summary_interval_is_scipys_t_interval():
+def test_summary_interval_is_the_projects_t_interval():
     rng = np.random.default_rng(2)
     rows = [window_row(_gram(rng.normal(size=(4, 10)) + 1.0)) for _ in range(6)]
     x = np.array([r["kept_over_full"] for r in rows])
-    lo, hi = stats.t.interval(0.95, 5, loc=x.mean(), scale=stats.sem(x))
-    s = summarise(rows, 0.95)
-    assert (s["mean"], s["low"], s["high"], s["windows"]) == pytest.approx((x.mean(), lo, hi, 6))
+    iv = t_interval(x, 0.9)
+    s = summarise(rows, 0.9)  # at the level it is given (A3's), exactly the shared interval
+    assert (s["mean"], s["low"], s["high"], s["level"], s["windows"]) == (iv.estimate, iv.low, iv.high, 0.9, 6)
+    assert iv.low < s["mean"] < iv.high
     assert s["over_two_over_n"] == pytest.approx(x.mean() / 0.5)
     with pytest.raises(UserError, match=">= 2 windows"):
         summarise(rows[:1], 0.95)

@@ -4,7 +4,7 @@ faithful), advice follows the cause the probe established, the no-boundary line 
 from dataclasses import asdict
 
 from gradfidelity.studies.ds_audit.audit import DECIDING, cpu_artefact, judge
-from gradfidelity.studies.ds_audit.ds_step import DSCase
+from gradfidelity.studies.ds_audit.case import DSCase
 
 
 def _result(c, steps=2, tol=1e-3, cpu_ok=True, resid=1e-9):

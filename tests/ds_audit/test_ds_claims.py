@@ -1,6 +1,7 @@
 """Claim evidence on hand-made matrix rows and loss summaries: for every claim one input where it holds and one where
 it is false, judged by the registry's own rows through `verify.judge`, so a record that could never fail is caught.
-Also the ds-audit-tables step end to end on made-up metrics.json files (shared loader, scale check, sources)."""
+Also the table, figure and claims jobs end to end on made-up metrics.json files (shared loader, scale check,
+sources)."""
 
 import json
 from dataclasses import asdict
@@ -22,8 +23,8 @@ from gradfidelity.claims.verify import (
 )
 from gradfidelity.cli import main
 from gradfidelity.studies.ds_audit import claims
-from gradfidelity.studies.ds_audit.ds_step import DSCase
-from gradfidelity.studies.ds_audit.rows import rows_for_group
+from gradfidelity.studies.ds_audit.aggregate import rows_for_group
+from gradfidelity.studies.ds_audit.case import DSCase
 from tests.ds_audit._states import state
 
 ROWS = {row["id"]: row for row in load_registry() if row["study"] == "ds_audit"}
@@ -233,25 +234,29 @@ def test_no_record_is_ever_inconclusive_or_unvalidated():
         assert _verdict(cid, rec) != INCONCLUSIVE
 
 
-# ------------------------------------------------------------------------------------------- ds-audit-tables (CLI)
+# ------------------------------------------------------------------------- ds-audit-tables / -figures / -claims (CLI)
+TABLES = {"matrix-csv": "m.csv", "matrix-md": "m.md", "loss-csv": "l.csv", "loss-md": "l.md", "alignment-csv": "a.csv",
+          "alignment-md": "a.md"}
+FIGURES = {"matrix-png": "m.png", "loss-png": "l.png"}
+
+
 def _write_run(path, metrics, scale="smoke", status="ok"):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"status": status, "study": "ds_audit", "scale": scale, "seed": 0, "metrics": metrics}))
     return path
 
 
-def _tables_args(tmp_path, groups, loss, scale="smoke"):
-    out = {k: tmp_path / "out" / name for k, name in [
-        ("matrix-csv", "m.csv"), ("matrix-md", "m.md"), ("matrix-png", "m.png"), ("loss-csv", "l.csv"),
-        ("loss-md", "l.md"), ("loss-png", "l.png"), ("alignment-csv", "a.csv"), ("alignment-md", "a.md"),
-        ("evidence", "ev.json")]}
+def _job_args(tmp_path, groups, loss, scale="smoke"):
+    """The three jobs' command lines (as the rules write them) and their outputs."""
+    out = {k: tmp_path / "out" / name for k, name in {**TABLES, **FIGURES, "evidence": "ev.json"}.items()}
     align = _write_run(tmp_path / "alignment/seed0/metrics.json", {
         "model": "tiny", "micro_batch_size": 1, "grams": [np.eye(8).tolist(), (np.eye(8) + 1.0).tolist()]}, scale)
-    args = ["ds-audit-tables", "--groups", *map(str, groups), "--loss", str(loss), "--alignment", str(align),
-            "--scale", scale]
-    for k, v in out.items():
-        args += [f"--{k}", str(v)]
-    return args, out
+    runs = ["--groups", *map(str, groups), "--loss", str(loss), "--scale", scale]
+    tables = [f"--{k}={out[k]}" for k in TABLES]
+    evidence = f"--evidence={out['evidence']}"
+    return {"tables": ["ds-audit-tables", *runs, "--alignment", str(align), *tables],
+            "figures": ["ds-audit-figures", *runs, *[f"--{k}={out[k]}" for k in FIGURES]],
+            "claims": ["ds-audit-claims", *runs, "--alignment", str(align), *tables, evidence]}, out
 
 
 def _fixture_runs(tmp_path, scale="smoke"):
@@ -271,10 +276,15 @@ def _fixture_runs(tmp_path, scale="smoke"):
     return group, loss
 
 
-def test_tables_step_writes_valid_evidence_with_sources(tmp_path):
+def test_each_job_writes_only_its_own_outputs_and_the_evidence_cites_the_tables(tmp_path):
     group, loss = _fixture_runs(tmp_path)
-    args, out = _tables_args(tmp_path, [group], loss)
-    assert main(args) == 0
+    jobs, out = _job_args(tmp_path, [group], loss)
+    assert main(jobs["tables"]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(TABLES.values())  # no figure, no evidence
+    assert main(jobs["figures"]) == 0
+    assert all(out[k].stat().st_size > 0 for k in FIGURES)
+    assert not out["evidence"].exists()
+    assert main(jobs["claims"]) == 0
     ev = load_evidence([out["evidence"]], "smoke")["ds_audit"]["values"]
     verdicts = {cid: judge(ROWS[cid], ev[cid], True, "smoke")[0] for cid in ROWS}
     assert verdicts == {"A1": REPRODUCED, "A1-z1-r1": NOT_REPRODUCED, "A1-z1-r2": NOT_MEASURED,
@@ -283,15 +293,27 @@ def test_tables_step_writes_valid_evidence_with_sources(tmp_path):
     assert ev["A4"]["sources"] == [str(loss.parent), str(out["loss-csv"]), str(out["loss-md"])]
     assert str(out["alignment-md"]) in ev["A3"]["sources"]
     assert "sqrt(2/N) = 0.500" in ev["A3"]["detail"] and "2/N = 0.250" in ev["A3"]["detail"]
+    assert ev["A1"]["computed_by"] == "gradfidelity.studies.ds_audit.claims:a1"
     md = out["matrix-md"].read_text()
     header = next(line for line in md.splitlines() if line.startswith("| deepspeed"))
     assert "agrees_with_prediction" in header and "nan" not in md
     assert pd.read_csv(out["matrix-csv"]).run_dir.unique().tolist() == [str(group.parent)]
 
 
-def test_tables_step_refuses_runs_of_another_scale(tmp_path, capsys):
+def test_the_table_and_claims_jobs_show_one_alignment_interval(tmp_path):
+    """The alignment table's note and A3's detail: one interval (t_interval at A3's level) on the same windows."""
+    group, loss = _fixture_runs(tmp_path)
+    jobs, out = _job_args(tmp_path, [group], loss)
+    assert main(jobs["tables"]) == 0 and main(jobs["claims"]) == 0
+    note = out["alignment-md"].read_text().split("Mean ", 1)[1].split(" (")[0]
+    detail = json.loads(out["evidence"].read_text())["values"]["A3"]["detail"]
+    assert f"= {note} =" in detail
+
+
+@pytest.mark.parametrize("job", ["tables", "figures", "claims"])
+def test_every_job_refuses_runs_of_another_scale(tmp_path, capsys, job):
     group, loss = _fixture_runs(tmp_path, scale="cpu")
-    args, out = _tables_args(tmp_path, [group], loss, scale="smoke")
-    assert main(args) == 2
+    jobs, out = _job_args(tmp_path, [group], loss, scale="smoke")
+    assert main(jobs[job]) == 2
     assert "scale 'cpu', not 'smoke'" in capsys.readouterr().err
-    assert not out["evidence"].exists()
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

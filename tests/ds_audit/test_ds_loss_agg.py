@@ -4,16 +4,17 @@ import numpy as np
 import pytest
 import torch
 
+from gradfidelity.studies.ds_audit.config import LossAggConfig
 from gradfidelity.studies.ds_audit.loss_agg import (
     METHODS,
-    AggConfig,
     build_model,
     gradients,
     per_token_losses,
     token_weights,
 )
 
-CFG = AggConfig(micro_batches=3, seqs_per_micro=2, mean_len=8, vocab=16, hidden=16, layers=1)
+CFG = LossAggConfig(micro_batches=3, seqs_per_micro=2, mean_len=8, spreads=(0.0, 0.5, 0.9), seeds=1, vocab=16,
+                    hidden=16, layers=1, threads=1)
 
 
 def _flat_grad(model, loss):
@@ -81,3 +82,27 @@ def test_unequal_lengths_weights_by_hand():
     torch.testing.assert_close(got["per_microbatch_mean"], _flat_grad(model, by_hand), rtol=1e-5, atol=1e-7)
     ref = got["global_token_mean"]
     assert float((got["per_microbatch_mean"] - ref).norm() / ref.norm()) > 0.01
+
+
+def test_the_job_writes_its_rows_and_cell_into_the_run_directory(tmp_path):
+    """`ds-audit-loss-agg` as the rule calls it: only its section in --cfg, --run-dir, --cell (the rule's wildcards)."""
+    import json
+
+    from gradfidelity.cli import main
+    from gradfidelity.harness.results import cell_of, load_run_records
+
+    section = {"loss_aggregation": {"micro_batches": 2, "seqs_per_micro": 1, "mean_len": 6, "spreads": [0.0, 0.5],
+                                    "seeds": 1, "vocab": 16, "hidden": 16, "layers": 1, "threads": 1}}
+    assert main(["ds-audit-loss-agg", "--cfg", json.dumps(section), "--run-dir", str(tmp_path / "run"),
+                 "--cell", "{}"]) == 0
+    (rec,) = load_run_records([tmp_path / "run/metrics.json"])
+    assert cell_of(rec) == {"study": "ds_audit"}
+    assert len(rec["metrics"]["rows"]) == 2 * len(METHODS)
+
+
+
+def test_a_job_not_given_its_section_fails_naming_it(tmp_path, capsys):
+    from gradfidelity.cli import main
+
+    assert main(["ds-audit-loss-agg", "--cfg", "{}", "--run-dir", str(tmp_path / "run")]) == 2
+    assert "ds_audit.loss_aggregation" in capsys.readouterr().err and not (tmp_path / "run").exists()

@@ -1,15 +1,18 @@
-"""Fault-matrix bookkeeping: the bug description's predictions per row, the agreement test (per step, with
-clipping), and the table rows built from made-up probe states (claim evidence on such rows: test_ds_claims.py)."""
+"""Fault-matrix bookkeeping: the plan's cases, the bug description's predictions per row, the agreement test (per
+step, with clipping), and the table rows built from made-up probe states (claim evidence on such rows:
+test_ds_claims.py)."""
+
+from dataclasses import asdict
 
 import pandas as pd
 import pytest
 
-from gradfidelity.errors import UserError
+from gradfidelity.studies.ds_audit.aggregate import rows_for_group
 from gradfidelity.studies.ds_audit.audit import fmt_vector
-from gradfidelity.studies.ds_audit.ds_step import DSCase
-from gradfidelity.studies.ds_audit.matrix import MatrixConfig
+from gradfidelity.studies.ds_audit.case import DSCase, case_from_json
+from gradfidelity.studies.ds_audit.config import load
+from gradfidelity.studies.ds_audit.plan import cases
 from gradfidelity.studies.ds_audit.prediction import compare, prediction
-from gradfidelity.studies.ds_audit.rows import rows_for_group
 from tests.ds_audit._states import state
 
 
@@ -53,15 +56,40 @@ def test_format():
     assert fmt_vector([1.0, 0.5], 1e-3) == "[1, 0.50]"
 
 
-def test_matrix_config():
-    m = MatrixConfig.from_dict({"ga": [1, 2, 3, 4, 8], "multi_backward": {"calls": 4, "dtypes": ["fp32"]}})
-    assert len(m.cases()) == 4 * 2 * 5 * 2 + 2 * 4 * 2 + 2 * 4 * 2 * 2
-    assert {c.boundary for c in m.cases() if c.backward_calls > 1} == {"manual", "none"}
-    assert sum(c.clip is None for c in m.cases()) == 16
-    with pytest.raises(UserError, match="unknown keys"):
-        MatrixConfig.from_dict({"gaa": [1]})
-    with pytest.raises(UserError, match="clipping: unknown keys"):
-        MatrixConfig.from_dict({"clipping": {"mode": ["active"]}})
+def test_plan_cases_follow_the_config():
+    """The schema's defaults (the one place they live), GA 1-8, one dtype in the multi-backward rows: all families."""
+    m = load({"matrix": {"ga": [1, 2, 3, 4, 8], "multi_backward": {"calls": 4, "dtypes": ["fp32"]}},
+              "loss_aggregation": {}}).matrix
+    got = cases(m)
+    assert len(got) == 4 * 2 * 5 * 2 + 2 * 4 * 2 + 2 * 4 * 2 * 2
+    assert {c.boundary for c in got if c.backward_calls > 1} == {"manual", "none"}
+    assert sum(c.clip is None for c in got) == 16
+    assert {(c.clip, c.target_norm) for c in got if c.clip} == {(1.0, 2.0)}  # active clipping: norm twice the threshold
+    one = load({"matrix": {"multi_backward": {"calls": 1}}, "loss_aggregation": {}}).matrix
+    assert not [c for c in cases(one) if c.backward_calls > 1]  # calls 1: no multi-backward rows
+
+
+def test_plan_paths_are_the_committed_layout():
+    from gradfidelity.studies.ds_audit import plan
+
+    cfg = load({"matrix": {"versions": ["0.18.9", "0.19.8"], "ranks": [1, 2]}, "loss_aggregation": {}})
+    assert plan.group_runs(cfg, "results/smoke") == [
+        f"results/smoke/ds_audit/matrix/deepspeed~{v}/ranks~{r}/seed0/metrics.json"
+        for v in ("0.18.9", "0.19.8") for r in (1, 2)]
+    assert plan.group_metrics("R") == "R/ds_audit/matrix/deepspeed~{version}/ranks~{ranks}/seed0/metrics.json"
+    assert plan.loss_agg_file("R") == "R/ds_audit/loss_agg/seed0/metrics.json"
+    assert plan.evidence("R") == "R/claims/ds_audit.json"
+    assert sorted(plan.tables("T").values()) == [f"T/{n}.{e}" for n in ("ds_fault_matrix", "ds_norm_alignment",
+                                                                        "loss_aggregation") for e in ("csv", "md")]
+
+
+def test_a_case_survives_its_json_payload():
+    """What a worker and the table job rebuild from JSON is the case that was planned (tuples included)."""
+    import json
+
+    case = DSCase(2, "cpu", 4, "bf16", clip=None, zero_extra=(("contiguous_gradients", False),), steps=3)
+    again = case_from_json(json.loads(json.dumps(asdict(case))))
+    assert again == case and again.zero_extra == (("contiguous_gradients", False),)
 
 
 def test_rows_record_prediction_and_agreement():

@@ -19,17 +19,19 @@ import pytest
 from scipy import stats
 
 from gradfidelity.claims.evidence import RECORD_SCHEMA
+from gradfidelity.claims.registry import interval_level
 from gradfidelity.claims.verify import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, judge, load_evidence, load_registry
 from gradfidelity.errors import UserError
 from gradfidelity.studies.local.aggregate import aggregate, read_aggregate, write_aggregate
 from gradfidelity.studies.local.claims import claims
 from gradfidelity.studies.local.figures import write_figures
-from gradfidelity.studies.local.settings import parse
-from gradfidelity.studies.local.tables import cell_stats, write_tables
+from gradfidelity.studies.local.stats import cell_stats
+from gradfidelity.studies.local.tables import write_tables
+from tests.local._config import study
 
 SCALE = "cpu"
-S = parse({"widths": [32, 64], "main_width": 64, "seeds": 4, "train": {"n_layer": 2, "n_stages": 2, "n_head": 2},
-           "mechanism_widths": [64]})
+S = study(widths=[32, 64], main_width=64, seeds=4, train={"n_layer": 2, "n_stages": 2, "n_head": 2},
+          mechanism_widths=[64])
 ROWS = {row["id"]: row for row in load_registry()}
 DIV = None  # a per-seed value that marks the run as diverged
 
@@ -38,16 +40,17 @@ QUALITY = ("C4", "C6", "C8", "C9")  # a diverged seed makes these not measured
 
 
 def _run(root, corpus, width, method, seed, *, bpb=2.0, tps=100.0, pss=0.3, scale=SCALE, busy=(3.0, 4.0)):
-    d = root / "results" / "local" / corpus / f"w{width}" / method / f"seed{seed}"
+    """A run as the harness writes it; its cell (the rule's wildcards, strings, and the method) is its identity:
+    the folder names below are deliberately not the plan's, so nothing can be read off the path."""
+    d = root / "results" / "local" / f"{corpus}-{width}-{method}" / f"s{seed}"
     d.mkdir(parents=True)
     status = "diverged" if DIV in (bpb, tps, pss) else "ok"
-    (d / "provenance.json").write_text(json.dumps(
-        {"seed": seed, "status": status, "config": {"cell": {"corpus": corpus, "width": width, "method": method}}}))
+    cell = {"study": "local", "corpus": corpus, "width": str(width), "seed": str(seed), "method": method}
     if status == "diverged":
-        rec = {"status": "diverged", "study": "local", "scale": scale, "seed": seed,
+        rec = {"status": "diverged", "study": "local", "scale": scale, "seed": seed, "cell": cell,
                "metrics": {"diverged_at_step": 7, "diverged_value": "nan", "diverged_what": "loss"}, "timing": {}}
     else:
-        rec = {"status": "ok", "study": "local", "scale": scale, "seed": seed,
+        rec = {"status": "ok", "study": "local", "scale": scale, "seed": seed, "cell": cell,
                "metrics": {"val_bpb": bpb, "corpus_source": "embedded", "n_params": 1, "n_stages": 2, "steps": 1,
                            "corpus": corpus, "width": width, "method": method},
                "timing": {"tokens_per_s": tps, "train_s": 1000 / tps, "peak_pss_gib": pss,
@@ -195,7 +198,7 @@ def test_a_diverged_seed_is_counted_not_averaged(tmp_path, cid):
     rec = _evidence(tmp_path, arms)[cid]
     assert rec["diverged"] == 1 and rec["n"] == 3
     assert "seed 1" in rec["detail"] and "diverged" in rec["detail"]
-    assert any(p.endswith(f"{arm[2]}/seed1") for p in rec["sources"])  # the diverged run is named as a source
+    assert any(p.endswith(f"{arm[2]}/s1") for p in rec["sources"])  # the diverged run is named as a source
     if cid in QUALITY:
         assert rec["estimate"] is None and _verdict(cid, rec) == NOT_MEASURED
         return
@@ -232,6 +235,29 @@ def test_runs_from_another_scale_are_refused(tmp_path):
     paths = [_run(tmp_path, E, 64, "bp", 0), _run(tmp_path, E, 64, "broadcast_async", 0, scale="smoke")]
     with pytest.raises(UserError, match="smoke"):
         aggregate(paths, scale=SCALE)
+
+
+def test_a_run_without_its_cell_is_refused(tmp_path):
+    path = _run(tmp_path, E, 64, "bp", 0)
+    rec = json.loads(open(path).read())
+    del rec["cell"]
+    open(path, "w").write(json.dumps(rec))
+    with pytest.raises(UserError, match="no 'cell'"):
+        aggregate([path], scale=SCALE)
+
+
+def test_a_table_and_its_claim_carry_one_interval(tmp_path):
+    """The main table's throughput interval and C2's, on the same runs: one t interval (on the log ratios) at the
+    registry's level, equal to the last bit (stats.paired_ratio_ci and claims.evidence.paired_ratio share
+    stats.intervals.t_interval and the back-transform)."""
+    arms = CASES["C2"][0]
+    df = aggregate(_runs(tmp_path, arms), scale=SCALE)
+    st = cell_stats(df, "broadcast_async", 1.0)
+    rec = claims(df, S, SCALE)["values"]["C2"]
+    for table, claim in ((st["ratio_vs_bp"], rec["estimate"]), (st["ratio_low"], rec["low"]),
+                         (st["ratio_high"], rec["high"])):
+        assert table == claim
+    assert rec["level"] == interval_level()
 
 
 def test_paired_statistics_against_the_formula(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -16,10 +17,10 @@ from gradfidelity.studies.local.async_runtime import SHM_PREFIX, StageFailure, t
 from gradfidelity.studies.local.data import batch_offsets, embedded_enwik8
 from gradfidelity.studies.local.methods import flat, train_serial
 from gradfidelity.studies.local.model import build_model
-from gradfidelity.studies.local.settings import TrainConfig
+from tests.local._config import train
 
-T = TrainConfig(n_layer=4, n_head=2, block_size=16, batch_size=2, steps=6, warmup=2, n_stages=2, readout_lag=2,
-                threads_per_stage=1, bp_threads=1, eval_batches=1, loss_every=1)
+T = train(n_layer=4, n_head=2, block_size=16, batch_size=2, steps=6, warmup=2, n_stages=2, readout_lag=2,
+          threads_per_stage=1, bp_threads=1, eval_batches=1, loss_every=1)
 DATA = torch.frombuffer(bytearray(embedded_enwik8(20_000)), dtype=torch.uint8)
 
 
@@ -81,7 +82,7 @@ def test_async_matches_serial_twin(method, stages):
     """Step-indexed snapshots make the pipeline deterministic: the same weights as the serial method (with 3
     stages the RGC gradient sum passes through a middle stage)."""
     torch.set_num_threads(1)
-    t = TrainConfig(**{**T.__dict__, "n_stages": stages, "n_layer": 2 * stages})
+    t = replace(T, n_stages=stages, n_layer=2 * stages)
     offsets = batch_offsets(len(DATA), t.block_size, t.batch_size, t.steps, seed=0)
     serial = build_model(t.model(16), seed=0)
     s_res = train_serial(method.replace("_async", "_serial"), serial, t, DATA, offsets, _NoRun())
@@ -103,7 +104,7 @@ def _assert_clean(before: set[str]) -> None:
 def test_exception_in_a_stage_stops_the_run():
     before = _segments()
     offsets = batch_offsets(len(DATA), T.block_size, T.batch_size, 200, seed=0)
-    t = TrainConfig(**{**T.__dict__, "steps": 200, "n_layer": 6, "n_stages": 3})
+    t = replace(T, steps=200, n_layer=6, n_stages=3)
     box = _run_bounded(lambda: train_async("rgc_async", build_model(t.model(16), 0), t, DATA, offsets,
                                            fault={"stage": 1, "step": 3}))
     assert isinstance(box.get("error"), StageFailure)
@@ -113,7 +114,7 @@ def test_exception_in_a_stage_stops_the_run():
 
 def test_killed_stage_stops_the_run():
     before = _segments()
-    t = TrainConfig(**{**T.__dict__, "steps": 100_000})  # far longer than the test: only the kill ends it
+    t = replace(T, steps=100_000)  # far longer than the test: only the kill ends it
     offsets = batch_offsets(len(DATA), t.block_size, t.batch_size, t.steps, seed=0)
     pids = []
 
@@ -135,7 +136,7 @@ def test_two_threads_per_stage_finish_and_match_the_serial_twin():
     kernel in the parent first) deadlocked on their first parallel kernel. Fresh stages honour the thread count."""
     torch.set_num_threads(2)
     torch.randn(256, 256) @ torch.randn(256, 256)  # the parent's OpenMP pool is now live
-    t = TrainConfig(**{**T.__dict__, "threads_per_stage": 2})
+    t = replace(T, threads_per_stage=2)
     offsets = batch_offsets(len(DATA), t.block_size, t.batch_size, t.steps, seed=0)
     serial = build_model(t.model(16), seed=0)
     train_serial("broadcast_serial", serial, t, DATA, offsets, _NoRun())
@@ -154,7 +155,7 @@ def test_stalled_stage_ends_with_a_clear_error():
     """A stage that hangs (and ignores the abort flag) is found by the supervisor's step counter, killed, and the
     run ends with an error naming it and the timeout key; nothing is left behind."""
     before = _segments()
-    t = TrainConfig(**{**T.__dict__, "steps": 50, "stall_timeout_s": 2.0})
+    t = replace(T, steps=50, stall_timeout_s=2.0)
     offsets = batch_offsets(len(DATA), t.block_size, t.batch_size, t.steps, seed=0)
     pids = []
     box = _run_bounded(lambda: train_async("broadcast_async", build_model(t.model(16), 0), t, DATA, offsets,

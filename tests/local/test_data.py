@@ -10,6 +10,7 @@ import pytest
 
 from gradfidelity.errors import UserError
 from gradfidelity.studies.local import data
+from tests.local._config import corpus
 
 
 def _zip_fixture(tmp_path, payload: bytes, name: str = "enwik8"):
@@ -34,7 +35,7 @@ def fake_enwik8(tmp_path, monkeypatch):
 def test_enwik8_download_verify_split(tmp_path, fake_enwik8):
     payload, _ = fake_enwik8
     out = tmp_path / "out"
-    data.prepare("enwik8", data.CorpusConfig(source="download"), out)
+    data.prepare("enwik8", corpus(source="download"), out)
     assert (out / "train.bin").read_bytes() == payload[:1000]
     assert (out / "val.bin").read_bytes() == payload[1000:1020]
     assert (out / "test.bin").read_bytes() == payload[1020:]
@@ -43,7 +44,7 @@ def test_enwik8_download_verify_split(tmp_path, fake_enwik8):
 
 def test_enwik8_local_copy(tmp_path, fake_enwik8):
     payload, z = fake_enwik8
-    data.prepare("enwik8", data.CorpusConfig(source="path", path=str(z)), tmp_path / "out")
+    data.prepare("enwik8", corpus(source="path", path=str(z)), tmp_path / "out")
     assert (tmp_path / "out" / "val.bin").read_bytes() == payload[1000:1020]
 
 
@@ -56,7 +57,7 @@ def test_enwik8_corrupt_md5_names_the_file(tmp_path, fake_enwik8, monkeypatch):
     monkeypatch.setattr(data, "ENWIK8_URL", z.as_uri())
     out = tmp_path / "out"
     with pytest.raises(UserError, match="MD5") as e:
-        data.prepare("enwik8", data.CorpusConfig(source="download"), out)
+        data.prepare("enwik8", corpus(source="download"), out)
     assert str(out / "enwik8") in str(e.value)
 
 
@@ -66,13 +67,13 @@ def test_enwik8_wrong_size(tmp_path, fake_enwik8, monkeypatch):
     z = _zip_fixture(tmp_path / "y", payload[:-1])
     monkeypatch.setattr(data, "ENWIK8_URL", z.as_uri())
     with pytest.raises(UserError, match="size 1027 bytes, expected 1028"):
-        data.prepare("enwik8", data.CorpusConfig(source="download"), tmp_path / "out")
+        data.prepare("enwik8", corpus(source="download"), tmp_path / "out")
 
 
 def test_missing_url_is_a_user_error(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "ENWIK8_URL", (tmp_path / "nope.zip").as_uri())
     with pytest.raises(UserError, match="could not download"):
-        data.prepare("enwik8", data.CorpusConfig(source="download"), tmp_path / "out")
+        data.prepare("enwik8", corpus(source="download"), tmp_path / "out")
 
 
 def _stories(n: int, tag: str) -> bytes:
@@ -86,7 +87,7 @@ def test_tinystories_download_and_split(tmp_path, monkeypatch):
     (src / data.TINYSTORIES_FILES["valid"]).write_bytes(_stories(4, "v"))
     monkeypatch.setattr(data, "TINYSTORIES_BASE", src.as_uri() + "/")
     out = tmp_path / "out"
-    data.prepare("tinystories", data.CorpusConfig(source="download"), out)
+    data.prepare("tinystories", corpus(source="download"), out)
     assert (out / "train.bin").read_bytes() == _stories(10, "t")
     val, test = (out / "val.bin").read_bytes(), (out / "test.bin").read_bytes()
     assert b"v0" in val and b"v1" in val and b"v2" not in val
@@ -99,7 +100,7 @@ def test_tinystories_without_separator_is_rejected(tmp_path):
     (src / data.TINYSTORIES_FILES["train"]).write_bytes(b"no separators here")
     (src / data.TINYSTORIES_FILES["valid"]).write_bytes(_stories(2, "v"))
     with pytest.raises(UserError, match="TinyStoriesV2-GPT4-train.txt"):
-        data.prepare("tinystories", data.CorpusConfig(source="path", path=str(src)), tmp_path / "out")
+        data.prepare("tinystories", corpus(source="path", path=str(src)), tmp_path / "out")
 
 
 def test_embedded_corpora_are_deterministic_and_shaped(tmp_path):
@@ -109,7 +110,7 @@ def test_embedded_corpora_are_deterministic_and_shaped(tmp_path):
     assert a.startswith(b"  <page>") and b"[[" in a
     t = data.embedded_tinystories(20_000)
     assert t == data.embedded_tinystories(20_000) and t.count(data.EOT.encode()) > 20
-    data.prepare("tinystories", data.CorpusConfig(embedded_bytes=20_000), tmp_path / "ts")
+    data.prepare("tinystories", corpus(embedded_bytes=20_000), tmp_path / "ts")
     sizes = [(tmp_path / "ts" / f"{s}.bin").stat().st_size for s in data.SPLITS]
     assert sizes == [18_000, 1_000, 1_000]
 
@@ -129,21 +130,21 @@ def test_any_byte_file_is_split_and_its_md5_recorded(tmp_path):
     import hashlib
     import json
 
-    from gradfidelity.studies.local.data import CorpusConfig, prepare
+    from gradfidelity.studies.local.data import prepare
 
     blob = bytes(range(256)) * 400  # 102,400 bytes, not any canonical size
     src = tmp_path / "mytext.txt"
     src.write_bytes(blob)
-    prepare("enwik8", CorpusConfig(source="file", path=str(src), split=(0.8, 0.1, 0.1)), tmp_path / "out")
+    prepare("enwik8", corpus(source="file", path=str(src), split=[0.8, 0.1, 0.1]), tmp_path / "out")
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["md5"] == hashlib.md5(blob).hexdigest() and meta["source"] == "file:mytext.txt"
     parts = [(tmp_path / "out" / f"{k}.bin").read_bytes() for k in ("train", "val", "test")]
     assert b"".join(parts) == blob and len(parts[0]) == int(0.8 * len(blob))
     with pytest.raises(UserError, match="expected 0123"):
-        prepare("enwik8", CorpusConfig(source="file", path=str(src), md5="0123"), tmp_path / "bad")
+        prepare("enwik8", corpus(source="file", path=str(src), md5="0123"), tmp_path / "bad")
     assert not (tmp_path / "bad" / "meta.json").exists()
     with pytest.raises(UserError, match="is not a file"):
-        prepare("enwik8", CorpusConfig(source="file", path=str(tmp_path / "nope")), tmp_path / "none")
+        prepare("enwik8", corpus(source="file", path=str(tmp_path / "nope")), tmp_path / "none")
 
 
 def test_a_damaged_or_truncated_split_is_refused_before_training(tmp_path):
@@ -151,12 +152,12 @@ def test_a_damaged_or_truncated_split_is_refused_before_training(tmp_path):
     truncated train.bin)."""
     import json
 
-    from gradfidelity.studies.local.data import CorpusConfig, load_split, prepare
+    from gradfidelity.studies.local.data import load_split, prepare
 
     src = tmp_path / "text.txt"
     src.write_bytes(b"the quick brown fox jumps over the lazy dog\n" * 2000)
     out = tmp_path / "data"
-    prepare("enwik8", CorpusConfig(source="file", path=str(src)), out)
+    prepare("enwik8", corpus(source="file", path=str(src)), out)
     train = load_split(out, "train")
     assert len(train) == json.loads((out / "meta.json").read_text())["sizes"]["train"]
 

@@ -20,7 +20,7 @@ from gradfidelity.studies.local.methods import (
     snapshot_version,
 )
 from gradfidelity.studies.local.model import ModelConfig, build_model, partition
-from gradfidelity.studies.local.settings import parse
+from tests.local._config import train
 
 S = 3
 CFG = ModelConfig(n_layer=6, d_model=16, n_head=2, block_size=12)
@@ -153,6 +153,4 @@ def test_partition_owns_embedding_first_and_rejects_bad_split():
     with pytest.raises(ValueError):
         partition(model, 4)
     with pytest.raises(UserError, match="n_layer=5"):
-        parse({"train": {"n_layer": 5, "n_stages": 2}, "widths": [16], "main_width": 16})
-    with pytest.raises(UserError, match="main_width"):
-        parse({"train": {"n_layer": 4, "n_stages": 2}, "widths": [16], "main_width": 32})
+        train(n_layer=5, n_stages=2)

@@ -10,10 +10,10 @@ from gradfidelity.harness import Run
 from gradfidelity.studies.local.data import batch_offsets, embedded_enwik8
 from gradfidelity.studies.local.methods import flat, train_serial
 from gradfidelity.studies.local.model import build_model
-from gradfidelity.studies.local.settings import TrainConfig
+from tests.local._config import train
 
-T = TrainConfig(n_layer=4, n_head=2, block_size=16, batch_size=2, steps=8, warmup=2, n_stages=2, readout_lag=2,
-                bp_threads=1, eval_batches=1, loss_every=1, checkpoint_every=3)
+T = train(n_layer=4, n_head=2, block_size=16, batch_size=2, steps=8, warmup=2, n_stages=2, readout_lag=2, bp_threads=1,
+          eval_batches=1, loss_every=1, checkpoint_every=3)
 DATA = torch.frombuffer(bytearray(embedded_enwik8(20_000)), dtype=torch.uint8)
 
 

@@ -1,7 +1,9 @@
 """The sft_rl aggregate, tables and claim evidence A5-A9 on hand-made run directories: each claim where it holds,
 where it is false, with too few seeds, with a diverged run and with a failed `reference_learned` gate; tables that
-show diverged runs; an aggregation that reads the runs' stored metadata, not their paths."""
+show diverged runs; an aggregation that reads each run's plan cell from its records, not its path; a table
+interval that is the claims' interval on the same values."""
 
+import json
 import zlib
 
 import jsonschema
@@ -9,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gradfidelity.claims.evidence import RECORD_SCHEMA
+from gradfidelity.claims.evidence import RECORD_SCHEMA, level_for, mean_ci
 from gradfidelity.claims.verify import (
     INCONCLUSIVE,
     NOT_MEASURED,
@@ -28,7 +30,8 @@ from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.baseline import CONSTANT, GATE, constant_baseline
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.figures import write_figures
-from gradfidelity.studies.sft_rl.tables import write_tables
+from gradfidelity.studies.sft_rl.tables import macro_intervals, write_tables
+from tests.sft_rl._config import METHODS, make_cfg
 
 SCALE = "cpu"
 ROWS = {row["id"]: row for row in load_registry() if row["study"] == "sft_rl"}
@@ -61,10 +64,7 @@ def _noise(variant: str, method: str, seed: int) -> float:
 
 
 def _cfg(seeds, methods=None) -> StudyConfig:
-    return StudyConfig.from_dict({
-        "models": [{"name": "m"}], "seeds": list(seeds),
-        "methods": methods or ["sft", "rl", "sft_then_rl", "sft_then_rl_truncated", "luffy", "srft", "relift", "hpt"],
-        "variants": ["fixed", "ds_bug", "agg_bug", "both"], "bug_stages": ["sft"], "task": TASK})
+    return make_cfg({"seeds": list(seeds), "methods": methods or METHODS, "bug_stages": ["sft"], "task": TASK})
 
 
 def _accs(v: float) -> dict:
@@ -72,9 +72,10 @@ def _accs(v: float) -> dict:
 
 
 def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE) -> list[str]:
-    """Every planned run's metrics.json as the harness writes it; `diverged` = {(variant, method, seed)}."""
+    """Every planned run's metrics.json as the harness writes it, with its plan cell (the rule's wildcards and the
+    stage the runner ran); `diverged` = {(variant, method, seed)}."""
     acc, flops = {**HOLDS, **(acc or {})}, {**FLOPS, **(flops or {})}
-    paths = plan.planned_runs(cfg.raw, str(root))
+    paths = plan.planned_runs(cfg, str(root))
     for path in paths:
         variant, method, seed_dir = path.split("/")[-4:-1]
         seed = int(seed_dir.removeprefix("seed"))
@@ -89,12 +90,11 @@ def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE) -> lis
                 m["truncated"] = {**_accs(t), "flops": flops["sft_then_rl_truncated"] * (1 + 0.01 * seed),
                                   "rl_steps": 1}
             rec = {"status": "ok", "metrics": m}
+        wildcards = {"model": path.split("/")[-5], "variant": variant, "seed": str(seed)}
+        cell = {"study": "sft_rl", **wildcards, "stage": "sft"} if method == "sft" else \
+            {"study": "sft_rl", **wildcards, "method": method, "stage": "rl"}
         atomic_write_json(path, {**rec, "study": "sft_rl", "scale": scale, "seed": seed, "threads": 1,
-                                 "timing": {}})
-        stage = {"stage": "sft"} if method == "sft" else {"stage": "rl", "method": method}
-        atomic_write_json(path.replace("metrics.json", "provenance.json"),
-                          {"seed": seed, "status": rec["status"],
-                           "config": {**stage, "model": path.split("/")[-5], "variant": variant}})
+                                 "cell": cell, "timing": {}})
     return paths
 
 
@@ -242,19 +242,34 @@ def test_aggregate_writes_tables_that_show_diverged_runs(tmp_path):
 
 
 def _check_macro_ci(df, main_csv):
-    """Each cell's macro_ci95 is scipy's t interval over its finished seeds, recomputed here from the CSV rows."""
-    import pandas as pd
-    from scipy import stats
-
+    """Each cell's macro_ci95 is the claims' interval (claims.evidence.mean_ci at A7's level, the claim the macro
+    accuracy feeds) of the mean over its finished seeds, recomputed here from the CSV rows: one interval for one
+    number in a table and in a claim."""
+    level = level_for("A7")
+    assert level == 0.95  # the column's name says so
     table = pd.read_csv(main_csv, keep_default_na=False).set_index(["variant", "method"])
     for (variant, method), g in df[df.status == "ok"].groupby(["variant", "method"]):
         if (variant, method) not in table.index:
             continue
-        x = g.acc_macro.astype(float)
-        want = "n/a" if len(x) < 2 else "[{:.1f}, {:.1f}]".format(
-            *stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x)))
+        rec = mean_ci(g.acc_macro.astype(float), level)
+        want = "n/a" if rec["low"] is None else f"[{rec['low']:.1f}, {rec['high']:.1f}]"
         assert table.loc[(variant, method), "macro_ci95"] == want, (variant, method)
     assert table.loc[("fixed", "hpt"), "macro_ci95"] == "n/a"  # every seed diverged: no interval
+
+
+def test_table_interval_is_the_claims_interval_to_the_last_bit():
+    """The table's interval function and the claims' evidence builder give the same interval on the same values,
+    a zero-width one for identical units, and none for one unit."""
+    from gradfidelity.stats.intervals import t_interval
+
+    x = [61.25, 58.5, 63.0, 59.75]
+    rec, iv = mean_ci(x, 0.95), t_interval(x, 0.95)
+    assert (rec["estimate"], rec["low"], rec["high"]) == (iv.estimate, iv.low, iv.high)
+    df = pd.DataFrame({"model": "m", "variant": ["fixed"] * 4 + ["both"] * 3 + ["agg_bug"],
+                       "method": "sft", "status": "ok", "acc_macro": x + [40.0, 40.0, 40.0] + [50.0]})
+    got = macro_intervals(df, 0.95)
+    assert got[("m", "fixed", "sft")] == iv.fmt(1)
+    assert got[("m", "both", "sft")] == "[40.0, 40.0]" and got[("m", "agg_bug", "sft")] == "n/a"
 
 
 def test_missing_run_is_an_error(tmp_path):
@@ -266,7 +281,8 @@ def test_missing_run_is_an_error(tmp_path):
 
 
 def test_aggregate_reads_stored_metadata_not_paths(tmp_path):
-    """Run directories renamed at random aggregate to the same table cells: the cell of a run is its provenance."""
+    """Run directories renamed at random aggregate to the same table cells: a run's table cell is its plan cell
+    (harness.results.cell_of), never its path; a run without one is refused."""
     import shutil
 
     cfg = _cfg([0, 1, 2])
@@ -284,8 +300,9 @@ def test_aggregate_reads_stored_metadata_not_paths(tmp_path):
     dup = next(p for p in paths if p.endswith("/fixed/sft/seed0/metrics.json"))
     with pytest.raises(UserError, match="two runs of m/fixed/sft/0"):
         agg.collect(cfg, load_run_records(moved + [dup], scale=SCALE))
-    (tmp_path / "elsewhere" / "run0" / "provenance.json").unlink()
-    with pytest.raises(UserError, match="provenance.json is missing"):
+    record = tmp_path / "elsewhere" / "run0" / "metrics.json"
+    atomic_write_json(record, {k: v for k, v in json.loads(record.read_text()).items() if k != "cell"})
+    with pytest.raises(UserError, match="no 'cell'"):
         agg.collect(cfg, load_run_records(moved, scale=SCALE))
 
 
@@ -341,8 +358,31 @@ def test_a8_one_small_lead_is_not_enough_after_holm(tmp_path):
     assert verdict(values, "A8")[0] == INCONCLUSIVE
 
 
-def test_holm_hand_example():
-    assert claims_mod._holm({"a": 0.01, "b": 0.04, "c": 0.03}) == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06})
+def test_a8_holm_p_values_are_the_paired_t_tests(tmp_path):
+    """A8's Holm p values in the detail are Holm's step-down over the one-sided t tests of each method's paired
+    differences (hand-computed here: p sorted ascending, k - i times each, running maximum, capped at 1)."""
+    import re
+
+    from scipy import stats
+
+    cfg = _cfg([0, 1, 2, 3])
+    acc = {("fixed", "luffy"): 55.5, ("fixed", "srft"): 56.0, ("fixed", "relift"): 54.5}  # p values not all ~0
+    df = agg.collect(cfg, load_run_records(write_runs(tmp_path / "runs", cfg, acc=acc), scale=SCALE))
+    a8 = claims_mod.claims(df, cfg, SCALE, tables_of(tmp_path), constant_baseline(cfg))["values"]["A8"]
+    base = df[(df.variant == "both") & (df.method == "sft_then_rl")].set_index("seed").acc_macro
+    raw = {}
+    for m in ("luffy", "srft", "relift", "hpt"):
+        mine = df[(df.variant == "both") & (df.method == m)].set_index("seed").acc_macro
+        raw[m] = stats.ttest_1samp(mine - base, 0.0, alternative="greater").pvalue
+    order, running, want = sorted(raw, key=raw.get), 0.0, {}
+    for i, m in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * raw[m]))
+        want[m] = running
+    shown = dict(re.findall(r"(\w+) [+-][\d.]+ \[[^\]]*\] Holm p ([\d.e+-]+)", a8["detail"]))
+    assert set(shown) == set(want), a8["detail"]
+    for m, p in want.items():
+        assert shown[m] == f"{p:.3g}", (m, a8["detail"])
+    assert len(set(shown.values())) > 1  # the case tells the methods apart
 
 
 def test_a6_uses_absolute_effects(holds):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from gradfidelity.errors import UserError
 from gradfidelity.studies.sft_rl import models
 from gradfidelity.studies.sft_rl.alignment import run_alignment, sft_trainer, window_grams
-from gradfidelity.studies.sft_rl.config import StudyConfig
+from tests.sft_rl._config import make_cfg
 
 GA = 4
 CFG = {
@@ -27,7 +27,7 @@ CFG = {
 
 @pytest.fixture()
 def base(tmp_path):
-    cfg = StudyConfig.from_dict(CFG)
+    cfg = make_cfg(CFG)
     tok = models.build_tokenizer()
     models.save_checkpoint(models.build_tiny_model(cfg.models[0], tok, seed=0), tok, tmp_path / "base" / "model")
     return cfg, tmp_path / "base"
@@ -67,7 +67,7 @@ def test_run_writes_grams_and_refuses_more_windows_than_the_data_holds(base, tmp
     rec = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert rec["status"] == "ok" and rec["metrics"]["grad_accum"] == GA
     assert len(metrics["grams"]) == 2 and len(metrics["grams"][0]) == GA
-    too_many = StudyConfig.from_dict({**CFG, "alignment_windows": 4})  # 24 problems / 2 = 12 micro-batches = 3 windows
+    too_many = make_cfg({**CFG, "alignment_windows": 4})  # 24 problems / 2 = 12 micro-batches = 3 windows
     with pytest.raises(UserError, match="only 3 full windows"):
         run_alignment(too_many, "t", base_dir, tmp_path / "run2")
     assert not (tmp_path / "run2" / "metrics.json").exists()

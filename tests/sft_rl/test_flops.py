@@ -19,8 +19,8 @@ from trl import GRPOTrainer
 from gradfidelity.harness.io import read_json
 from gradfidelity.studies.sft_rl import models
 from gradfidelity.studies.sft_rl import train as training
-from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import is_correct, make_split
+from tests.sft_rl._config import make_cfg
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ CFG = {
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("flops")
-    cfg = StudyConfig.from_dict(CFG)
+    cfg = make_cfg(CFG)
     tok = models.build_tokenizer()
     models.save_checkpoint(models.build_tiny_model(cfg.models[0], tok, seed=0), tok, root / "base" / "model")
     (root / "base" / "metrics.json").write_text('{"status": "ok", "metrics": {"flops": 0.0}}')

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from gradfidelity.harness import Run, integrity
 from gradfidelity.studies.sft_rl.models import load_checkpoint
-from gradfidelity.studies.sft_rl.workflow import gpus, launcher
+from gradfidelity.studies.sft_rl.rules import gpus, launcher
+from tests.sft_rl._config import make_cfg
 
 REPO = Path(__file__).resolve().parents[2]
 OVERLAY = REPO / ".venv-ds0189"
@@ -31,7 +32,8 @@ GA, RANKS = 8, 2
 def test_launcher_starts_torchrun_only_for_several_ranks():
     assert launcher("PY", 1) == "PY -m gradfidelity"
     assert launcher("PY", 8) == "PY -m torch.distributed.run --standalone --nproc_per_node 8 -m gradfidelity"
-    assert gpus({"ranks": 8}, "paper") == 8 and gpus({"ranks": 8}, "cpu") == 0 and gpus({}, "paper") == 1
+    eight = make_cfg({"ranks": 8})
+    assert gpus(eight, "paper") == 8 and gpus(eight, "cpu") == 0 and gpus(make_cfg({}), "paper") == 1
 
 
 def test_paper_dry_run_launches_every_rank():

@@ -11,7 +11,8 @@ import pytest
 
 from gradfidelity.studies.sft_rl import models
 from gradfidelity.studies.sft_rl import train as training
-from gradfidelity.studies.sft_rl.config import StudyConfig
+from gradfidelity.studies.sft_rl.callbacks import GF_STATE, HarnessCallback
+from tests.sft_rl._config import make_cfg
 
 pytestmark = [pytest.mark.slow, pytest.mark.deepspeed]
 
@@ -34,25 +35,25 @@ def test_kill_and_rerun_gives_identical_metrics(tmp_path, monkeypatch, damaged):
     """Intact: the rerun resumes from step 2. Damaged (one byte of the checkpoint's weights flipped): the checkpoint
     fails its manifest check, is moved aside with a log line, and the rerun starts from step 0, ending with the same
     metrics: never a silently different number."""
-    cfg = StudyConfig.from_dict(CFG)
+    cfg = make_cfg(CFG)
     tok = models.build_tokenizer()
     models.save_checkpoint(models.build_tiny_model(cfg.models[0], tok, seed=0), tok, tmp_path / "base" / "model")
 
     straight = training.run_sft(cfg, "t", "fixed", 0, tmp_path / "base", tmp_path / "straight")
 
-    original = training.HarnessCallback.on_step_end
+    original = HarnessCallback.on_step_end
 
     def kill_at_3(self, args, state, control, **kw):
         if state.global_step == 3:
             raise SimulatedKill
         return original(self, args, state, control, **kw)
 
-    monkeypatch.setattr(training.HarnessCallback, "on_step_end", kill_at_3)
+    monkeypatch.setattr(HarnessCallback, "on_step_end", kill_at_3)
     with pytest.raises(SimulatedKill):
         training.run_sft(cfg, "t", "fixed", 0, tmp_path / "base", tmp_path / "killed")
     assert not (tmp_path / "killed" / "metrics.json").exists()
     assert (tmp_path / "killed" / "trainer" / "checkpoint-2").is_dir()
-    monkeypatch.setattr(training.HarnessCallback, "on_step_end", original)
+    monkeypatch.setattr(HarnessCallback, "on_step_end", original)
     ckpt = tmp_path / "killed" / "trainer" / "checkpoint-2"
     if damaged:
         weights = next(p for p in sorted(ckpt.rglob("*")) if p.suffix in (".safetensors", ".bin", ".pt"))
@@ -80,7 +81,7 @@ def test_grpo_mixed_policy_kill_and_rerun_identical(tmp_path, monkeypatch):
     raw = {**CFG, "methods": ["relift"], "rl": {"steps": 4, "prompts_per_step": 2, "num_generations": 2,
                                                 "max_completion_length": 8},
            "mixed": {"relift_buffer_size": 3}}
-    cfg = StudyConfig.from_dict(raw)
+    cfg = make_cfg(raw)
     tok = models.build_tokenizer()
     base = tmp_path / "base"
     models.save_checkpoint(models.build_tiny_model(cfg.models[0], tok, seed=0), tok, base / "model")
@@ -88,18 +89,18 @@ def test_grpo_mixed_policy_kill_and_rerun_identical(tmp_path, monkeypatch):
 
     straight = training.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "straight")
 
-    original = training.HarnessCallback.on_step_end
+    original = HarnessCallback.on_step_end
 
     def kill_at_3(self, args, state, control, **kw):
         if state.global_step == 3:
             raise SimulatedKill
         return original(self, args, state, control, **kw)
 
-    monkeypatch.setattr(training.HarnessCallback, "on_step_end", kill_at_3)
+    monkeypatch.setattr(HarnessCallback, "on_step_end", kill_at_3)
     with pytest.raises(SimulatedKill):
         training.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "killed")
-    monkeypatch.setattr(training.HarnessCallback, "on_step_end", original)
-    state = json.loads((tmp_path / "killed" / "trainer" / "checkpoint-2" / training.GF_STATE).read_text())
+    monkeypatch.setattr(HarnessCallback, "on_step_end", original)
+    state = json.loads((tmp_path / "killed" / "trainer" / "checkpoint-2" / GF_STATE).read_text())
     assert "buffer" in state and state["tokens"]["gen"] > 0
 
     resumed = training.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "killed")

@@ -5,7 +5,6 @@ import pytest
 from gradfidelity.errors import UserError
 from gradfidelity.studies.sft_rl.task import (
     EVAL_SETS,
-    TaskConfig,
     accuracy_table,
     extract_answer,
     fact_table,
@@ -14,8 +13,9 @@ from gradfidelity.studies.sft_rl.task import (
     pretrain_corpus,
     solve,
 )
+from tests.sft_rl._config import task_cfg
 
-CFG = TaskConfig(n_train=200, n_eval=40)
+CFG = task_cfg(n_train=200, n_eval=40)
 
 
 def _reference_value(prompt: str, modulus: int) -> int:
@@ -31,12 +31,12 @@ def _reference_value(prompt: str, modulus: int) -> int:
 
 def test_splits_are_deterministic():  # same process; test_generated_sets_are_pinned checks across machines
     for split in ("train", *EVAL_SETS):
-        assert make_split(CFG, split) == make_split(TaskConfig(n_train=200, n_eval=40), split)
-    assert pretrain_corpus(CFG) == pretrain_corpus(TaskConfig(n_train=200, n_eval=40))
+        assert make_split(CFG, split) == make_split(task_cfg(n_train=200, n_eval=40), split)
+    assert pretrain_corpus(CFG) == pretrain_corpus(task_cfg(n_train=200, n_eval=40))
 
 
 def test_seed_changes_problems():
-    assert make_split(CFG, "train") != make_split(TaskConfig(seed=99, n_train=200, n_eval=40), "train")
+    assert make_split(CFG, "train") != make_split(task_cfg(seed=99, n_train=200, n_eval=40), "train")
 
 
 def test_eval_sets_are_held_out_and_shaped_as_specified():
@@ -85,11 +85,11 @@ def test_accuracy_table_macro():
 
 def test_bad_config_is_a_user_error():
     with pytest.raises(UserError, match="train_ops"):
-        TaskConfig.from_dict({"train_ops": [3, 2]})
-    with pytest.raises(UserError, match="unknown"):
-        TaskConfig.from_dict({"n_trian": 5})
+        task_cfg(train_ops=[3, 2])
+    with pytest.raises(UserError, match="n_trian"):
+        task_cfg(n_trian=5)
     with pytest.raises(UserError, match="distinct"):
-        make_split(TaskConfig(n_train=300, train_ops=(1, 1)), "train")  # only 10*2*10 distinct prompts
+        make_split(task_cfg(n_train=300, train_ops=[1, 1]), "train")  # only 10*2*10 distinct prompts
 
 
 def test_pretraining_lines_are_true_facts_and_worked_chains():
@@ -115,8 +115,8 @@ def test_fact_accuracy_reads_the_greedy_next_token():
     """A stand-in model that knows the '+' facts only and answers '0' to everything else."""
     import torch
 
+    from gradfidelity.studies.sft_rl.evaluate import fact_accuracy
     from gradfidelity.studies.sft_rl.models import build_tokenizer
-    from gradfidelity.studies.sft_rl.train import fact_accuracy
 
     tok = build_tokenizer()
 
@@ -150,17 +150,17 @@ PINNED = {
 }
 
 
-def _task_cfg(scale: str) -> TaskConfig:
+def _task_cfg(scale: str):
     import yaml
 
-    from gradfidelity.studies.sft_rl.config import StudyConfig
+    from gradfidelity.studies.sft_rl.config import load
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
     raw = yaml.safe_load((root / "config" / scale / "sft_rl.yaml").read_text())
-    return StudyConfig.from_dict(raw).task
+    return load(raw).task
 
 
-def _digest(cfg: TaskConfig) -> dict[str, str]:
+def _digest(cfg) -> dict[str, str]:
     import hashlib
 
     out = {}

@@ -4,34 +4,19 @@
 #   results/<scale>/async_pp/optimizer~<o>/lr~<tuned|x<m>>/head~<h>/schedule~<s>/mitigation~<m>/depth~<P>/
 #   momentum~<mu>/steps~<n>/seed<k>/metrics.json
 # Order: the LR grid (sync, lr~x<m>, selection seed) -> lr_selection.json -> every lr~tuned cell reads its LR there.
-# Each rule passes only the config sub-sections its jobs depend on (an edit of `bench` reruns the benchmark only,
-# one of `delay` only the cells with a mitigation that reads it).
-from gradfidelity.studies.async_pp.plan import PATTERN as _AP_PATTERN
-from gradfidelity.studies.async_pp.plan import RUN_DIR as _AP_RUN_DIR
-from gradfidelity.studies.async_pp.plan import WILDCARDS as _AP_WILDCARDS
-from gradfidelity.studies.async_pp.plan import cells as _ap_cells
-from gradfidelity.studies.async_pp.plan import grid_cells as _ap_grid_cells
-from gradfidelity.studies.async_pp.rules import lr_arg as _ap_lr_arg
-from gradfidelity.studies.async_pp.rules import sections as _ap_sections
-from gradfidelity.studies.async_pp.rules import train_cfg as _ap_train_cfg
-from gradfidelity.studies.async_pp.rules import train_input as _ap_train_input
+# Each rule passes only the config sections its jobs read (gradfidelity.studies.async_pp.rules.JOB_KEYS: an edit of
+# `bench` reruns the benchmark only, one of `delay` only the cells with a mitigation that reads it).
+import gradfidelity.studies.async_pp.plan as _ap_plan
+import gradfidelity.studies.async_pp.rules as _ap_rules
 
-ASYNC_PP_CFG = config["async_pp"]
+ASYNC_PP_CFG = config["async_pp"]  # the validated section: each job's --cfg is cut from it (rules.job_cfg)
+ASYNC_PP = STUDY_CONFIG["async_pp"]  # typed and cross-checked (common.smk): the plan is made from it
 ASYNC_PP_ROOT = f"{RESULTS}/async_pp"
-ASYNC_PP_GRID = [c.metrics(ASYNC_PP_ROOT) for c in _ap_grid_cells(ASYNC_PP_CFG)]
-ASYNC_PP_METRICS = [c.metrics(ASYNC_PP_ROOT) for c in _ap_cells(ASYNC_PP_CFG)]
-ASYNC_PP_SELECTION = f"{ASYNC_PP_ROOT}/lr_selection.json"
-ASYNC_PP_TABLES = [f"{TABLES}/async_pp_main.csv", f"{TABLES}/async_pp_main.md",
-                   f"{TABLES}/async_pp_mitigations.csv", f"{TABLES}/async_pp_mitigations.md",
-                   f"{TABLES}/async_pp_lr_selection.csv", f"{TABLES}/async_pp_lr_selection.md",
-                   f"{TABLES}/async_pp_length.csv", f"{TABLES}/async_pp_length.md"]
-ASYNC_PP_FIGURES = [f"{FIGURES}/async_pp_momentum.png", f"{FIGURES}/async_pp_depth.png",
-                    f"{FIGURES}/async_pp_gap_vs_tokens.png", f"{FIGURES}/async_pp_curves.png"]
-# Minutes per training job (one cell); paper scale trains for days per cell on accelerators.
-ASYNC_PP_RUNTIME = {"smoke": 10, "cpu": 30, "paper": 10080}[SCALE]
-ASYNC_PP_MEM = {"smoke": 2000, "cpu": 3000, "paper": 64000}[SCALE]
-# GPUs per training job (read by the SLURM executor; ignored by local runs, which never request one).
-ASYNC_PP_GPU = {"smoke": 0, "cpu": 0, "paper": 1}[SCALE]
+ASYNC_PP_GRID = _ap_plan.grid_metrics(ASYNC_PP, ASYNC_PP_ROOT)
+ASYNC_PP_METRICS = _ap_plan.metrics(ASYNC_PP, ASYNC_PP_ROOT)
+ASYNC_PP_SELECTION = f"{ASYNC_PP_ROOT}/{_ap_plan.SELECTION}"
+ASYNC_PP_TABLES = _ap_plan.table_paths(TABLES)
+ASYNC_PP_FIGURES = _ap_plan.figure_paths(FIGURES)
 
 STUDY_RUNS["async_pp"] = ASYNC_PP_METRICS
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/async_pp.json")
@@ -40,28 +25,30 @@ REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + [f"{RESULTS}/bench/as
 
 rule async_pp_train:
     input:
-        _ap_train_input(ASYNC_PP_SELECTION),
+        _ap_rules.train_input(ASYNC_PP_SELECTION),
     output:
-        f"{ASYNC_PP_ROOT}/{_AP_PATTERN}",
+        f"{ASYNC_PP_ROOT}/{_ap_plan.PATTERN}",
     wildcard_constraints:
-        **_AP_WILDCARDS,
+        **_ap_rules.WILDCARDS,
     params:
-        cfg=_ap_train_cfg(ASYNC_PP_CFG),
-        lr=_ap_lr_arg,
+        cfg=_ap_rules.train_cfg(ASYNC_PP_CFG),
+        run_dir=_ap_rules.run_dir,
+        cell=cell_json,
+        lr=_ap_rules.lr_arg,
         gf=GF,
-        threads=ASYNC_PP_CFG["threads_per_run"],
+        threads=_ap_rules.threads(ASYNC_PP),
     log:
-        f"{ASYNC_PP_ROOT}/logs/{_AP_RUN_DIR}.log",
+        f"{ASYNC_PP_ROOT}/logs/{_ap_plan.RUN_DIR}.log",
     benchmark:
-        f"{ASYNC_PP_ROOT}/{_AP_RUN_DIR}/benchmark.tsv"
+        f"{ASYNC_PP_ROOT}/{_ap_plan.RUN_DIR}/benchmark.tsv"
     conda:
         CONDA_ENV
-    threads: ASYNC_PP_CFG["threads_per_run"]
+    threads: _ap_rules.threads(ASYNC_PP)
     resources:
-        **cluster_resources("async_pp_train", mem_mb=ASYNC_PP_MEM, runtime=ASYNC_PP_RUNTIME, gpu=ASYNC_PP_GPU),
+        **rule_resources("async_pp_train"),
     shell:
-        "{params.gf} async-pp-train --cfg {params.cfg} --metrics {output} {params.lr} --threads {params.threads} "
-        "> {log} 2>&1"
+        "{params.gf} async-pp-train --cfg {params.cfg} --run-dir {params.run_dir} --cell {params.cell} {params.lr} "
+        "--threads {params.threads} > {log} 2>&1"
 
 
 rule async_pp_select_lr:
@@ -80,8 +67,7 @@ rule async_pp_select_lr:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **rule_resources("async_pp_select_lr"),
     shell:
         "{params.gf} async-pp-select-lr --metrics {input} --scale {params.scale} --out {output.selection} "
         "--table {output.table} > {log} 2>&1"
@@ -96,15 +82,14 @@ rule async_pp_aggregate:
     params:
         gf=GF,
         scale=SCALE,
-        tokens=ASYNC_PP_CFG["train"]["batch_size"] * ASYNC_PP_CFG["train"]["seq_len"],
+        tokens=_ap_rules.tokens_per_step(ASYNC_PP),
     log:
         f"{RESULTS}/async_pp/logs/aggregate.log",
     conda:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **rule_resources("async_pp_aggregate"),
     shell:
         "{params.gf} async-pp-aggregate --metrics {input} --scale {params.scale} --tokens-per-step {params.tokens} "
         "--runs {output.runs} --curves {output.curves} > {log} 2>&1"
@@ -122,7 +107,7 @@ rule async_pp_tables:
         length=f"{TABLES}/async_pp_length.csv",
         length_md=report(f"{TABLES}/async_pp_length.md", category="async_pp"),
     params:
-        cfg=_ap_sections(ASYNC_PP_CFG, "seeds", "model", "train", "sweeps"),
+        cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "tables"),
         gf=GF,
         scale=SCALE,
     log:
@@ -131,8 +116,7 @@ rule async_pp_tables:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **rule_resources("async_pp_tables"),
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --curves {input.curves} "
         "--scale {params.scale} --main-table {output.main} --mitigations-table {output.mitigations} "
@@ -149,7 +133,7 @@ rule async_pp_figures:
         gap_vs_tokens=report(f"{FIGURES}/async_pp_gap_vs_tokens.png", category="async_pp"),
         curves=report(f"{FIGURES}/async_pp_curves.png", category="async_pp"),
     params:
-        cfg=_ap_sections(ASYNC_PP_CFG, "seeds", "model", "train", "sweeps"),
+        cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "figures"),
         gf=GF,
         scale=SCALE,
     log:
@@ -158,8 +142,7 @@ rule async_pp_figures:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1500,
-        runtime=5,
+        **rule_resources("async_pp_figures"),
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --curves {input.curves} --scale {params.scale} "
         "--fig-momentum {output.momentum} --fig-depth {output.depth} --fig-gap-vs-tokens {output.gap_vs_tokens} "
@@ -176,7 +159,7 @@ rule async_pp_claims:
     output:
         f"{RESULTS}/claims/async_pp.json",
     params:
-        cfg=_ap_sections(ASYNC_PP_CFG, "seeds", "model", "train", "sweeps"),
+        cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "claims"),
         gf=GF,
         scale=SCALE,
     log:
@@ -185,8 +168,7 @@ rule async_pp_claims:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **rule_resources("async_pp_claims"),
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} --claims {output} "
         "--claim-source {input.main} --claim-source {input.mitigations} --claim-source {input.lr_selection} "
@@ -198,7 +180,7 @@ rule async_pp_bench:
     output:
         report(f"{RESULTS}/bench/async_pp.json", category="async_pp"),
     params:
-        cfg=_ap_sections(ASYNC_PP_CFG, "model", "data", "train", "bench"),
+        cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "bench"),
         gf=GF,
         scale=SCALE,
     log:
@@ -209,8 +191,7 @@ rule async_pp_bench:
         CONDA_ENV
     threads: 2
     resources:
-        mem_mb=3000,
-        runtime=15,
+        **rule_resources("async_pp_bench"),
     shell:
         "{params.gf} bench-async-pp --cfg {params.cfg} --out {output} > {log} 2>&1"
 

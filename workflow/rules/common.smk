@@ -1,4 +1,5 @@
 # Helpers shared by every rules module: config loading per scale, output roots, the command prefix. No rules here.
+import importlib
 import json
 import os
 import shlex
@@ -24,9 +25,7 @@ for _key, _sub in {"TORCH_EXTENSIONS_DIR": "torch_extensions", "MPLCONFIGDIR": "
                    "HF_HOME": "huggingface", "XDG_CACHE_HOME": "xdg"}.items():
     os.environ.setdefault(_key, str(REPO / ".cache" / _sub))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The CPU scales run DeepSpeed on its CPU accelerator; at the paper scale DeepSpeed detects the GPUs itself.
-if SCALE in ("smoke", "cpu"):
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# DeepSpeed's accelerator is set by each job itself (harness/environment.py, from GRADFIDELITY_SCALE below).
 # Jobs run side by side, each its own one- or two-rank process group: an inherited MASTER_PORT would make them all
 # rendezvous on one port (EADDRINUSE). Every job picks a free port of its own instead.
 for _key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -59,34 +58,40 @@ for _study in STUDIES:
 if "conda" in {str(m).lower().split(".")[-1] for m in workflow.deployment_settings.deployment_method}:
     raise UserError("--use-conda / --sdm conda is not supported: run `make setup` and use the .venv's snakemake")
 
-# What each rule asks a cluster for at this scale, beyond what it declares, comes from config/<scale>/resources.yaml
-# (the paper scale only), so a smoke or cpu run through SLURM requests only what its rules declare at that scale.
+# What each rule asks a scheduler for (memory, wall time; GPUs, CPUs and partitions at the paper scale) lives in one
+# place per scale: config/<scale>/resources.yaml, one entry per rule; schema: workflow/schemas/resources.schema.yaml.
 _RESOURCES_PATH = REPO / "config" / SCALE / "resources.yaml"
-SCALE_RESOURCES = {}
-if _RESOURCES_PATH.exists():
-    SCALE_RESOURCES = yaml.safe_load(_RESOURCES_PATH.read_text()) or {}
-    validate_section(SCALE_RESOURCES, REPO / "workflow" / "schemas" / "resources.schema.yaml",
-                     f"config/{SCALE}/resources.yaml")
-    SCALE_RESOURCES = SCALE_RESOURCES.get("rules", {})
+if not _RESOURCES_PATH.exists():
+    raise UserError(f"missing config/{SCALE}/resources.yaml (what each rule asks a scheduler for at this scale)")
+SCALE_RESOURCES = yaml.safe_load(_RESOURCES_PATH.read_text()) or {}
+validate_section(SCALE_RESOURCES, REPO / "workflow" / "schemas" / "resources.schema.yaml",
+                 f"config/{SCALE}/resources.yaml")
+SCALE_RESOURCES = SCALE_RESOURCES["rules"]
 
 
-def cluster_resources(name, **declared):
-    """`resources: **cluster_resources("<rule>", mem_mb=..., runtime=...)`: the rule's own values, then this scale's
-    config/<scale>/resources.yaml entry for it on top. A GPU count of 0 is dropped, so no job asks for a GPU where
-    its scale needs none."""
-    merged = {**declared, **SCALE_RESOURCES.get(name, {})}
+def rule_resources(name, **derived):
+    """`resources: **rule_resources("<rule>")`: the rule's entry of config/<scale>/resources.yaml. `derived` holds
+    what follows from the study's config rather than from the scale (the SFT and RL rules' GPU count is one per
+    rank, sft_rl.ranks), so the two cannot disagree. A GPU count of 0 is dropped: no job asks for a GPU where its
+    scale needs none."""
+    if name not in SCALE_RESOURCES:
+        raise UserError(f"config/{SCALE}/resources.yaml has no entry for rule '{name}'")
+    merged = {**SCALE_RESOURCES[name], **derived}
     if not merged.get("gpu"):
         merged.pop("gpu", None)
     return merged
 
 
 def check_cluster_resources():
-    """Called at the end of the Snakefile: every rule named in config/<scale>/resources.yaml exists (a typo would
-    otherwise be ignored silently and the job would ask for the cpu-scale resources)."""
+    """Called at the end of the Snakefile: config/<scale>/resources.yaml names only rules that exist (a typo would
+    otherwise be ignored silently), and every rule that runs a job has an entry."""
     names = {r.name for r in workflow.rules}
     unknown = sorted(set(SCALE_RESOURCES) - names)
     if unknown:
         raise UserError(f"config/{SCALE}/resources.yaml names rules that do not exist: {', '.join(unknown)}")
+    missing = sorted(names - set(SCALE_RESOURCES) - {"all"} - {r.name for r in workflow.rules if not r.shellcmd})
+    if missing:
+        raise UserError(f"config/{SCALE}/resources.yaml has no entry for the rules {', '.join(missing)}")
 
 
 def check_slurm_account():
@@ -141,9 +146,26 @@ def study_root(study):
     return _root
 
 
-def study_cfg(study, *keys):
-    """One study's config section (or a sub-key) as a shell-quoted JSON string for `--cfg {params.cfg}`."""
-    node = config[study]
-    for key in keys:
-        node = node[key]
-    return shlex.quote(json.dumps(node, sort_keys=True))
+
+def cell_json(wildcards):
+    """params function of every training rule: the job's wildcards as shell-quoted JSON for `--cell`, written into
+    the run's records by the harness (aggregates read a run's identity there, never from its path)."""
+    return shlex.quote(json.dumps(dict(wildcards.items()), sort_keys=True))
+
+
+def study_module(study, name):
+    """One module of a study's common layout (config, plan, rules, ...), found through the STUDIES registry."""
+    return importlib.import_module(f"gradfidelity.studies.{study}.{name}")
+
+
+def cross_study_input(study, name):
+    """A file one study's rules read from another study (e.g. study A's audit reads the sft_rl study's gradient
+    alignment run): the owning study names it in its `rules.EXPORTS`, so no .smk rebuilds another study's paths and
+    no study imports another."""
+    return study_module(study, "rules").EXPORTS[name](config[study], RESULTS)
+
+
+# Every study's typed config, built once when the workflow loads: the cross-field checks a schema cannot express
+# (gradfidelity.studies.<study>.config, `__post_init__`) stop a bad config before any job, naming the key. Plans
+# are made from these objects; each job's --cfg is cut from the validated section (the study's rules.JOB_KEYS).
+STUDY_CONFIG = {_study: study_module(_study, "config").load(config[_study]) for _study in STUDIES}

@@ -26,8 +26,7 @@ rule local_corpus_pydocs:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=10,
+        **rule_resources("local_corpus_pydocs"),
     shell:
         "{params.gf} local-corpus --root /usr/share/doc/python3.11/html/_sources --suffix .rst.txt"
         " --md5 {params.md5} --out {output} > {log} 2>&1"
@@ -42,15 +41,14 @@ rule local_data:
         meta=f"{RESULTS}/local/data/{{corpus}}/meta.json",
     params:
         gf=GF,
-        cfg=study_cfg("local", "corpora"),  # only the corpora: a training change must not redo the data
+        cfg=study_module("local", "rules").data_cfg(config["local"]),  # only this corpus's entry of local.corpora
     log:
         f"{RESULTS}/local/logs/data_{{corpus}}.log",
     conda:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=30,
+        **rule_resources("local_data"),
     shell:
         "{params.gf} local-data --cfg {params.cfg} --corpus {wildcards.corpus}"
         " --out $(dirname {output.meta}) > {log} 2>&1"

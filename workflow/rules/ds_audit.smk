@@ -1,90 +1,84 @@
 # Study A part 1 (ds_audit, arXiv 2604.23747): which DeepSpeed configurations drop micro-batches (real DeepSpeed,
 # CPU accelerator, gloo) and how a per-micro-batch loss mean mis-weights tokens. One job per (version, ranks)
-# group runs every matrix case (several optimizer steps each) in the same rank processes (DeepSpeed start-up costs
-# seconds, a case ~0.4 s):
-#   results/<scale>/ds_audit/matrix/deepspeed~<v>/ranks~<r>/seed0/metrics.json
-# The 0.18.9 groups run under {DS0189_ENV} (the overlay first on PYTHONPATH); the job checks the version it got.
-from gradfidelity.studies.ds_audit.workflow import deepspeed_env, group_threads
+# group runs every matrix case (plan.py); the 0.18.9 groups run under {DS0189_ENV} (the overlay first on
+# PYTHONPATH) and check the version they got. Tables, figures and claim evidence are three jobs: a figure edit
+# reruns no evidence. Plan, paths, wildcard constraints and per-job config keys: studies/ds_audit/{plan,rules}.py.
+from gradfidelity.studies.ds_audit import plan as ds_audit_plan
+from gradfidelity.studies.ds_audit import rules as ds_audit_rules
 
-DS_AUDIT_CFG = config["ds_audit"]
-DS_AUDIT_GROUPS = expand(
-    f"{RESULTS}/ds_audit/matrix/deepspeed~{{version}}/ranks~{{ranks}}/seed0/metrics.json",
-    version=DS_AUDIT_CFG["matrix"]["versions"],
-    ranks=DS_AUDIT_CFG["matrix"]["ranks"],
-)
+DS_AUDIT_GROUPS = ds_audit_plan.group_runs(STUDY_CONFIG["ds_audit"], RESULTS)
+DS_AUDIT_LOSS = ds_audit_plan.loss_agg_file(RESULTS)
 # A3's "about 2/N" is gradient alignment: measured on real SFT micro-batches by the sft_rl study (its first model),
 # read here as a file.
-DS_AUDIT_ALIGNMENT = f"{RESULTS}/sft_rl/{config['sft_rl']['models'][0]['name']}/alignment/seed0/metrics.json"
-DS_AUDIT_TABLES = [f"{TABLES}/ds_fault_matrix.csv", f"{TABLES}/ds_fault_matrix.md",
-                   f"{TABLES}/loss_aggregation.csv", f"{TABLES}/loss_aggregation.md",
-                   f"{TABLES}/ds_norm_alignment.csv", f"{TABLES}/ds_norm_alignment.md"]
-DS_AUDIT_FIGURES = [f"{FIGURES}/ds_fault_matrix.png", f"{FIGURES}/loss_aggregation.png"]
+DS_AUDIT_ALIGNMENT = cross_study_input("sft_rl", "alignment")
+DS_AUDIT_TABLES = ds_audit_plan.tables(TABLES)
+DS_AUDIT_FIGURES = ds_audit_plan.figures(FIGURES)
+DS_AUDIT_EVIDENCE = ds_audit_plan.evidence(RESULTS)
 
-STUDY_RUNS["ds_audit"] = DS_AUDIT_GROUPS + [f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json", DS_AUDIT_ALIGNMENT]
-CLAIM_EVIDENCE.append(f"{RESULTS}/claims/ds_audit.json")
-REPORT_TARGETS.extend(DS_AUDIT_TABLES + DS_AUDIT_FIGURES)
+STUDY_RUNS["ds_audit"] = DS_AUDIT_GROUPS + [DS_AUDIT_LOSS, DS_AUDIT_ALIGNMENT]
+CLAIM_EVIDENCE.append(DS_AUDIT_EVIDENCE)
+REPORT_TARGETS.extend(list(DS_AUDIT_TABLES.values()) + list(DS_AUDIT_FIGURES.values()))
 
 
 rule ds_audit_matrix_group:
     wildcard_constraints:
-        version=r"\d+\.\d+\.\d+",
-        ranks=r"\d+",
+        **ds_audit_rules.WILDCARDS,
     output:
-        f"{RESULTS}/ds_audit/matrix/deepspeed~{{version}}/ranks~{{ranks}}/seed0/metrics.json",
+        ds_audit_plan.group_metrics(RESULTS),
     params:
         gf=GF,
-        cfg=study_cfg("ds_audit"),
-        env=deepspeed_env(DS0189_ENV),
+        cfg=ds_audit_rules.job_cfg(config["ds_audit"], "matrix_group"),
+        env=ds_audit_rules.deepspeed_env(DS0189_ENV),
+        run_dir=ds_audit_rules.run_dir,
+        cell=cell_json,
     log:
         f"{RESULTS}/ds_audit/logs/matrix_deepspeed~{{version}}_ranks~{{ranks}}.log",
     benchmark:
-        f"{RESULTS}/ds_audit/matrix/deepspeed~{{version}}/ranks~{{ranks}}/seed0/benchmark.tsv"
+        ds_audit_plan.group_file(RESULTS, "benchmark.tsv")
     conda:
         CONDA_ENV
-    threads: group_threads
+    threads: ds_audit_rules.group_threads
     resources:
-        mem_mb=3000,
-        runtime=30,
+        **rule_resources("ds_audit_matrix_group"),
     shell:
         "{params.env} {params.gf} ds-audit-group --cfg {params.cfg} --version {wildcards.version} "
-        "--ranks {wildcards.ranks} --metrics {output} > {log} 2>&1"
+        "--ranks {wildcards.ranks} --run-dir {params.run_dir} --cell {params.cell} > {log} 2>&1"
 
 
 rule ds_audit_loss_agg:
     output:
-        f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json",
+        DS_AUDIT_LOSS,
     params:
         gf=GF,
-        cfg=study_cfg("ds_audit"),
+        cfg=ds_audit_rules.job_cfg(config["ds_audit"], "loss_agg"),
+        run_dir=ds_audit_rules.run_dir,
+        cell=cell_json,
     log:
         f"{RESULTS}/ds_audit/logs/loss_agg.log",
     benchmark:
-        f"{RESULTS}/ds_audit/loss_agg/seed0/benchmark.tsv"
+        ds_audit_plan.loss_agg_file(RESULTS, "benchmark.tsv")
     conda:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=30,
+        **rule_resources("ds_audit_loss_agg"),
     shell:
-        "{params.gf} ds-audit-loss-agg --cfg {params.cfg} --metrics {output} > {log} 2>&1"
+        "{params.gf} ds-audit-loss-agg --cfg {params.cfg} --run-dir {params.run_dir} --cell {params.cell} "
+        "> {log} 2>&1"
 
 
 rule ds_audit_tables:
     input:
         groups=DS_AUDIT_GROUPS,
-        loss=f"{RESULTS}/ds_audit/loss_agg/seed0/metrics.json",
+        loss=DS_AUDIT_LOSS,
         alignment=DS_AUDIT_ALIGNMENT,
     output:
-        matrix_csv=f"{TABLES}/ds_fault_matrix.csv",
-        matrix_md=report(f"{TABLES}/ds_fault_matrix.md", category="ds_audit"),
-        matrix_png=report(f"{FIGURES}/ds_fault_matrix.png", category="ds_audit"),
-        loss_csv=f"{TABLES}/loss_aggregation.csv",
-        loss_md=report(f"{TABLES}/loss_aggregation.md", category="ds_audit"),
-        loss_png=report(f"{FIGURES}/loss_aggregation.png", category="ds_audit"),
-        alignment_csv=f"{TABLES}/ds_norm_alignment.csv",
-        alignment_md=report(f"{TABLES}/ds_norm_alignment.md", category="ds_audit"),
-        evidence=f"{RESULTS}/claims/ds_audit.json",
+        matrix_csv=DS_AUDIT_TABLES["matrix_csv"],
+        matrix_md=report(DS_AUDIT_TABLES["matrix_md"], category="ds_audit"),
+        loss_csv=DS_AUDIT_TABLES["loss_csv"],
+        loss_md=report(DS_AUDIT_TABLES["loss_md"], category="ds_audit"),
+        alignment_csv=DS_AUDIT_TABLES["alignment_csv"],
+        alignment_md=report(DS_AUDIT_TABLES["alignment_md"], category="ds_audit"),
     params:
         gf=GF,
         scale=SCALE,
@@ -94,18 +88,63 @@ rule ds_audit_tables:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **rule_resources("ds_audit_tables"),
     shell:
-        "{params.gf} ds-audit-tables --groups {input.groups} --loss {input.loss} --matrix-csv {output.matrix_csv} "
-        "--matrix-md {output.matrix_md} --matrix-png {output.matrix_png} --loss-csv {output.loss_csv} "
-        "--loss-md {output.loss_md} --loss-png {output.loss_png} --alignment {input.alignment} "
-        "--alignment-csv {output.alignment_csv} --alignment-md {output.alignment_md} --evidence {output.evidence} "
+        "{params.gf} ds-audit-tables --groups {input.groups} --loss {input.loss} --alignment {input.alignment} "
+        "--matrix-csv {output.matrix_csv} --matrix-md {output.matrix_md} --loss-csv {output.loss_csv} "
+        "--loss-md {output.loss_md} --alignment-csv {output.alignment_csv} --alignment-md {output.alignment_md} "
         "--scale {params.scale} > {log} 2>&1"
+
+
+rule ds_audit_figures:
+    input:
+        groups=DS_AUDIT_GROUPS,
+        loss=DS_AUDIT_LOSS,
+    output:
+        matrix_png=report(DS_AUDIT_FIGURES["matrix_png"], category="ds_audit"),
+        loss_png=report(DS_AUDIT_FIGURES["loss_png"], category="ds_audit"),
+    params:
+        gf=GF,
+        scale=SCALE,
+    log:
+        f"{RESULTS}/ds_audit/logs/figures.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        **rule_resources("ds_audit_figures"),
+    shell:
+        "{params.gf} ds-audit-figures --groups {input.groups} --loss {input.loss} "
+        "--matrix-png {output.matrix_png} --loss-png {output.loss_png} --scale {params.scale} > {log} 2>&1"
+
+
+rule ds_audit_claims:
+    input:
+        groups=DS_AUDIT_GROUPS,
+        loss=DS_AUDIT_LOSS,
+        alignment=DS_AUDIT_ALIGNMENT,
+        **DS_AUDIT_TABLES,
+    output:
+        evidence=DS_AUDIT_EVIDENCE,
+    params:
+        gf=GF,
+        scale=SCALE,
+    log:
+        f"{RESULTS}/ds_audit/logs/claims.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        **rule_resources("ds_audit_claims"),
+    shell:
+        "{params.gf} ds-audit-claims --groups {input.groups} --loss {input.loss} --alignment {input.alignment} "
+        "--matrix-csv {input.matrix_csv} --matrix-md {input.matrix_md} --loss-csv {input.loss_csv} "
+        "--loss-md {input.loss_md} --alignment-csv {input.alignment_csv} --alignment-md {input.alignment_md} "
+        "--evidence {output.evidence} --scale {params.scale} > {log} 2>&1"
 
 
 rule ds_audit:
     input:
-        DS_AUDIT_TABLES,
-        DS_AUDIT_FIGURES,
-        f"{RESULTS}/claims/ds_audit.json",
+        list(DS_AUDIT_TABLES.values()),
+        list(DS_AUDIT_FIGURES.values()),
+        DS_AUDIT_EVIDENCE,

@@ -1,53 +1,15 @@
 # Study C (Lex 2026): bounded-horizon local training on CPUs. Owned by the local study (see CONTRIBUTING.md).
 # data -> one paired job per (corpus, width, seed) -> aggregate + statistics -> tables, figures, claim evidence.
-LOCAL = config["local"]
-LOCAL_MAIN = [m for m in ("bp", "bp_tm", "broadcast_async", "rgc_async") if m in LOCAL["methods"]]
-LOCAL_SERIAL = [m for m in ("live_local", "broadcast_serial", "rgc_serial") if m in LOCAL["methods"]]
-# A training job owns the machine: throughput is the measurement, so two jobs must never share the cores.
-LOCAL_THREADS = max(THREADS, LOCAL["train"]["n_stages"] * LOCAL["train"]["threads_per_stage"])
-# Exported before the interpreter starts (libgomp reads it once, at load).
-LOCAL_OMP = LOCAL["train"].get("omp_wait_policy", "")
-LOCAL_ENV = f"OMP_WAIT_POLICY={LOCAL_OMP} " if LOCAL_OMP else ""
-# Training and report jobs see everything but the bench section (a bench change must not retrain).
-LOCAL_CFG = shlex.quote(json.dumps({k: v for k, v in LOCAL.items() if k != "bench"}, sort_keys=True))
-LOCAL_RUN = f"{RESULTS}/local/{{corpus}}/w{{width}}/{{method}}/seed{{seed}}/metrics.json"
-LOCAL_WIDTHS = {c: (LOCAL["corpora"][c].get("widths") or LOCAL["widths"]) for c in LOCAL["corpora"]}
-
-
-
-# Paired seeds of one (corpus, width) cell: the corpus's own count (or `seeds`), capped by `side_seeds` away from the
-# main width.
-LOCAL_CELL_SEEDS = {
-    (c, w): range(
-        min(
-            LOCAL["corpora"][c].get("seeds") or LOCAL["seeds"],
-            (LOCAL.get("side_seeds") or LOCAL["seeds"]) if w != LOCAL["main_width"] else LOCAL["seeds"],
-        )
-    )
-    for c in LOCAL["corpora"]
-    for w in LOCAL_WIDTHS[c]
-}
-
-
-LOCAL_RUNS = [
-    LOCAL_RUN.format(corpus=c, width=w, method=m, seed=k)
-    for c in LOCAL["corpora"]
-    for w in LOCAL_WIDTHS[c]
-    for k in LOCAL_CELL_SEEDS[(c, w)]
-    for m in LOCAL_MAIN
-] + [
-    LOCAL_RUN.format(corpus=c, width=w, method=m, seed=k)
-    for c in LOCAL["mechanism_corpora"]
-    for w in LOCAL["mechanism_widths"]
-    for k in range(LOCAL.get("mechanism_seeds") or LOCAL["seeds"])
-    for m in LOCAL_SERIAL
-]
+# Rules only: the plan (cells, run paths), the config keys each job reads, threads and constraints come from the
+# study's plan.py and rules.py.
+LOCAL_CONFIG = STUDY_CONFIG["local"]
+LOCAL_PLAN = study_module("local", "plan")
+LOCAL_RULES = study_module("local", "rules")
+LOCAL_RUNS = LOCAL_PLAN.runs(LOCAL_CONFIG, RESULTS)
 
 
 wildcard_constraints:
-    width=r"\d+",
-    seed=r"\d+",
-    corpus="enwik8|tinystories",
+    **LOCAL_RULES.WILDCARDS,
 
 
 # One rule definition for both job groups (main: BP, best-BP candidates and the async methods, time-paired; mechanism:
@@ -56,8 +18,7 @@ wildcard_constraints:
 # wildcard cannot vary; and why not one job per method: the methods of a cell must run back to back on the same
 # machine (order reversed on odd seeds), or their throughput ratios would compare different nodes at the paper
 # scale and different moments here.
-LOCAL_GROUPS = {"main": LOCAL_MAIN, "mechanism": LOCAL_SERIAL}
-for _group, _methods in LOCAL_GROUPS.items():
+for _group, _methods in LOCAL_PLAN.groups(LOCAL_CONFIG).items():
     if not _methods:
         continue
 
@@ -68,26 +29,26 @@ for _group, _methods in LOCAL_GROUPS.items():
             train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
             meta=f"{RESULTS}/local/data/{{corpus}}/meta.json",
         output:
-            expand(LOCAL_RUN, method=_methods, allow_missing=True),
+            expand(LOCAL_PLAN.run_pattern(RESULTS), method=_methods, allow_missing=True),
         params:
             gf=GF,
-            cfg=LOCAL_CFG,
+            cfg=LOCAL_RULES.job_cfg(config["local"], "train"),
             methods=",".join(_methods),
-            env=LOCAL_ENV,
-            root=study_root("local"),
+            env=LOCAL_RULES.omp_env(LOCAL_CONFIG),
+            run_dir=LOCAL_RULES.run_dir(study_root("local")),
+            cell=cell_json,
         log:
             f"{RESULTS}/local/logs/{_group}_{{corpus}}_w{{width}}_seed{{seed}}.log",
         benchmark:
             f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_{_group}_seed{{seed}}.tsv"
         conda:
             CONDA_ENV
-        threads: LOCAL_THREADS
+        threads: LOCAL_RULES.threads(LOCAL_CONFIG, THREADS)
         resources:
-            **cluster_resources(f"local_{_group}", mem_mb=8000, runtime=600),
+            **rule_resources(f"local_{_group}"),
         shell:
-            "{params.env}{params.gf} local-cell --cfg {params.cfg} --corpus {wildcards.corpus}"
-            " --width {wildcards.width} --seed {wildcards.seed} --methods {params.methods}"
-            " --data $(dirname {input.train}) --root {params.root} > {log} 2>&1"
+            "{params.env}{params.gf} local-cell --cfg {params.cfg} --methods {params.methods}"
+            " --data $(dirname {input.train}) --run-dir {params.run_dir} --cell {params.cell} > {log} 2>&1"
 
 
 rule local_aggregate:
@@ -104,8 +65,7 @@ rule local_aggregate:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **rule_resources("local_aggregate"),
     shell:
         "{params.gf} local-aggregate --scale {params.scale} --runs {input} --out {output} > {log} 2>&1"
 
@@ -120,15 +80,14 @@ rule local_tables:
         mech_md=report(f"{TABLES}/local_mechanism.md", category="local"),
     params:
         gf=GF,
-        cfg=LOCAL_CFG,
+        cfg=LOCAL_RULES.job_cfg(config["local"], "tables"),
     log:
         f"{RESULTS}/local/logs/tables.log",
     conda:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **rule_resources("local_tables"),
     shell:
         "{params.gf} local-tables --cfg {params.cfg} --aggregate {input} --main-csv {output.main_csv}"
         " --main-md {output.main_md} --mech-csv {output.mech_csv} --mech-md {output.mech_md} > {log} 2>&1"
@@ -142,15 +101,14 @@ rule local_figures:
         scaling=report(f"{FIGURES}/local_width_scaling.png", category="local"),
     params:
         gf=GF,
-        cfg=LOCAL_CFG,
+        cfg=LOCAL_RULES.job_cfg(config["local"], "figures"),
     log:
         f"{RESULTS}/local/logs/figures.log",
     conda:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **rule_resources("local_figures"),
     shell:
         "{params.gf} local-figures --cfg {params.cfg} --aggregate {input} --frontier {output.frontier}"
         " --scaling {output.scaling} > {log} 2>&1"
@@ -165,7 +123,7 @@ rule local_claims:
         f"{RESULTS}/claims/local.json",
     params:
         gf=GF,
-        cfg=LOCAL_CFG,
+        cfg=LOCAL_RULES.job_cfg(config["local"], "claims"),
         scale=SCALE,
     log:
         f"{RESULTS}/local/logs/claims.log",
@@ -173,8 +131,7 @@ rule local_claims:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
+        **rule_resources("local_claims"),
     shell:
         "{params.gf} local-claims --cfg {params.cfg} --scale {params.scale} --aggregate {input.aggregate}"
         " --main-csv {input.main_csv} --mech-csv {input.mech_csv} --out {output} > {log} 2>&1"
@@ -185,17 +142,17 @@ rule local_bench:
         f"{RESULTS}/bench/local.json",
     params:
         gf=GF,
-        env=LOCAL_ENV,
-        cfg=study_cfg("local"),
+        env=LOCAL_RULES.omp_env(LOCAL_CONFIG),
+        cfg=LOCAL_RULES.job_cfg(config["local"], "bench"),
     log:
         f"{RESULTS}/local/logs/bench.log",
     benchmark:
         f"{RESULTS}/bench/local_benchmark.tsv"
     conda:
         CONDA_ENV
-    threads: LOCAL_THREADS
+    threads: LOCAL_RULES.threads(LOCAL_CONFIG, THREADS)
     resources:
-        **cluster_resources("local_bench", mem_mb=8000, runtime=120),
+        **rule_resources("local_bench"),
     shell:
         "{params.env}{params.gf} local-bench --cfg {params.cfg} --out {output} > {log} 2>&1"
 

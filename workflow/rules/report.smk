@@ -20,8 +20,7 @@ rule runs_table:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **rule_resources("runs_table"),
     shell:
         "{params.gf} runs-table --runs {input} --scale {params.scale} --out {output} > {log} 2>&1"
 
@@ -40,8 +39,7 @@ rule claims_figure:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **rule_resources("claims_figure"),
     shell:
         "{params.gf} claims-figure --claims {input.claims} --out {output} --scale {params.scale} > {log} 2>&1"
 
@@ -63,8 +61,7 @@ rule report_summary:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **rule_resources("report_summary"),
     shell:
         "{params.gf} report-summary --claims {input.claims} --figure {input.figure} --runs {input.runs}"
         " --out {output} --scale {params.scale} > {log} 2>&1"
@@ -85,7 +82,6 @@ rule verify:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **rule_resources("verify"),
     shell:
         "{params.gf} verify --evidence {input.evidence} --csv {output.csv} --md {output.md} --scale {params.scale} > {log} 2>&1"

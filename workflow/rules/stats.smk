@@ -15,8 +15,7 @@ rule stats_check:
         CONDA_ENV
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=5,
+        **rule_resources("stats_check"),
     shell:
         "{params.gf} stats-check --csv {output.csv} --md {output.md} --evidence {output.evidence}"
         " --scale {params.scale} 2>&1 | tee {log}"

@@ -28,10 +28,11 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from functools import lru_cache
 
 import numpy as np
-from scipy import stats
+
+from gradfidelity.claims.registry import _levels, interval_level, level_for  # noqa: F401  (their old import path)
+from gradfidelity.stats.intervals import t_interval
 
 _NUM = {"type": ["number", "null"]}
 GATE_SCHEMA = {
@@ -50,22 +51,6 @@ RECORD_SCHEMA = {
 }
 RECORD_SCHEMA["properties"]["parts"] = {"type": "object", "additionalProperties": {
     **RECORD_SCHEMA, "properties": dict(RECORD_SCHEMA["properties"])}}
-
-
-@lru_cache(maxsize=1)
-def _levels() -> tuple[float, dict[str, float]]:
-    from gradfidelity.claims.verify import load_registry_document
-
-    doc = load_registry_document()
-    return doc["interval_level"], {row["id"]: row.get("level", doc["interval_level"]) for row in doc["claims"]}
-
-
-def level_for(claim_id: str) -> float:
-    """The interval level the registry states for `claim_id` (its own `level`, else the registry default)."""
-    default, per_claim = _levels()
-    if claim_id not in per_claim:
-        raise KeyError(f"claim {claim_id!r} is not in the registry")
-    return per_claim[claim_id]
 
 
 def _finite(values, what: str) -> np.ndarray:
@@ -121,14 +106,8 @@ def mean_ci(values: Sequence[float], level: float, *, detail: str = "", gates=No
     x = _finite(values, "mean_ci")
     if len(x) == 0:
         return not_measured(detail or "no values", gates=gates, sources=sources, diverged=diverged)
-    est = float(x.mean())
-    low = high = None
-    if len(x) >= 2:
-        if float(np.ptp(x)) <= 1e-12 * max(1.0, abs(est)):
-            low = high = est  # identical units: the t interval degenerates to the point
-        else:
-            ci = stats.ttest_1samp(x, popmean=0.0).confidence_interval(level)
-            low, high = float(ci.low), float(ci.high)
+    iv = t_interval(x, level)
+    est, low, high = iv.estimate, iv.low, iv.high
     return _record(est, low, high, level=level, exact=False, n=len(x), detail=detail, gates=gates,
                    sources=sources, diverged=diverged)
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from gradfidelity.claims.verify import (
+from gradfidelity.claims.registry import load_registry
+from gradfidelity.claims.verdict import (
     ARITHMETIC_BAD,
     ARITHMETIC_OK,
     INCONCLUSIVE,
@@ -28,7 +29,6 @@ from gradfidelity.claims.verify import (
     NOT_REPRODUCED,
     REPRODUCED,
     VERDICTS,
-    load_registry,
 )
 from gradfidelity.plots import new_figure, save_figure
 

@@ -7,21 +7,11 @@ import math
 
 import pandas as pd
 
-from gradfidelity.claims.verify import (
-    ARITHMETIC_BAD,
-    ARITHMETIC_OK,
-    INCONCLUSIVE,
-    NOT_MEASURED,
-    NOT_REPRODUCED,
-    REPRODUCED,
-    load_evidence,
-    load_registry,
-    verify,
-)
+from gradfidelity.claims.registry import load_registry
+from gradfidelity.claims.verdict import ARITHMETIC_BAD, ARITHMETIC_OK, MEASURED_VERDICTS
+from gradfidelity.claims.verify import load_evidence, verify
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
 from gradfidelity.tables import markdown
-
-MEASURED_VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_MEASURED)
 
 
 def _num(value) -> str:

@@ -54,6 +54,19 @@ def load_runs(paths: Iterable[str | Path], keys: Iterable[str] | None = None,
     return pd.DataFrame(rows)
 
 
+def cell_of(record: dict) -> dict:
+    """The plan's cell a run belongs to (its study and wildcards), as the harness wrote it into metrics.json.
+
+    A run made before runs carried their identity has none: it is refused, naming the file, rather than guessed
+    from its path.
+    """
+    cell = record.get("cell")
+    if not isinstance(cell, dict) or "study" not in cell:
+        raise UserError(f"{record.get('path')}: no 'cell' (the run's study and wildcards) in its metrics.json: it was "
+                        "made by an older version; rerun it (delete its metrics.json)")
+    return cell
+
+
 def read_provenance(record: dict) -> dict:
     """The provenance.json beside a run's metrics.json, checked to belong to that run.
 

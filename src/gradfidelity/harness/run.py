@@ -13,6 +13,8 @@ Why each piece exists:
   from the package's folder, which may belong to another checkout when a venv is shared.
 - A non-finite loss ends the run with status "diverged": it is a result to report, not a crash to hide, and never a
   plausible-looking number.
+- The plan's cell (study and wildcards, `--cell` from the rule) is written into metrics.json and provenance.json:
+  aggregates read a run's identity from its records (harness.results.cell_of), never by parsing its path.
 - metrics.json is written last and atomically; its presence means the run finished (Snakemake's output).
 - Launched on several ranks (torchrun / accelerate launch set RANK and WORLD_SIZE), every rank seeds, sets its
   threads and checks for NaN, but only rank 0 owns the run directory's records (metrics.json, provenance.json,
@@ -66,8 +68,12 @@ def _now() -> str:
 
 class Run:
     def __init__(self, out_dir: str | Path, *, study: str, config: dict, seed: int, threads: int,
-                 checkpoint_every: int | None = None, sample_memory: bool = True, scale: str | None = None):
+                 checkpoint_every: int | None = None, sample_memory: bool = True, scale: str | None = None,
+                 cell: dict | None = None):
         self.dir = Path(out_dir)
+        # The plan's cell (study and wildcards) this run belongs to, written into its records: an aggregate reads a
+        # run's identity from there, never from its path.
+        self.cell = {"study": study, **(cell or {})}
         self.scale = scale or os.environ.get(SCALE_ENV)
         self.study, self.config, self.seed, self.threads = study, config, seed, threads
         self.checkpoint_every = checkpoint_every
@@ -190,12 +196,12 @@ class Run:
             return
         atomic_write_json(self.dir / "metrics.json", {
             "status": status, "study": self.study, "scale": self.scale, "seed": self.seed,
-            "threads": self.threads, "metrics": metrics, "timing": timing,
+            "threads": self.threads, "cell": self.cell, "metrics": metrics, "timing": timing,
         })
 
     def _write_provenance(self) -> None:
         record = {
-            "study": self.study, "scale": self.scale, "seed": self.seed, "status": self.status,
+            "study": self.study, "scale": self.scale, "seed": self.seed, "status": self.status, "cell": self.cell,
             "config": self.config, "config_hash": provenance.config_hash(self.config),
             "threads": self.thread_settings, "world_size": self.world_size, "started": self.started, "ended": _now(),
             "wall_s": time.perf_counter() - self._t0, "resumed_from_step": self.resumed_from,

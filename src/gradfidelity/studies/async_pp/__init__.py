@@ -1,7 +1,9 @@
 """Study B (arXiv 2606.30634): one-step gradient delay (PipeDream-2BW) across six optimizers.
 
-Modules: model (SmolLM-style decoder), data (embedded corpus, FineWeb-Edu loader), optimizers (one registry),
-delay (the single-process delay simulator and the mitigations), pipeline (a real multi-process asynchronous
-pipeline over gloo), plan (the sweep cells), train (one run through the harness), analysis (tables, figures,
-claims), bench (step-cost and pipeline-throughput benchmark), cli.
+The house's nine modules: config (the typed section and the closed vocabularies), plan (the sweep cells), rules
+(what the .smk asks), train (one cell through the harness), aggregate (run records -> runs.csv, curves.csv), claims
+(B1-B9 evidence), tables, figures, cli. Beside them: pairing (paired-seed look-ups and the plateau gate shared by
+tables, figures and claims), lr_select (the LR rule), model (SmolLM-style decoder), data (embedded corpus,
+FineWeb-Edu loader), optimizers (one registry), delay (the single-process delay simulator and the mitigations),
+pipeline (a real multi-process asynchronous pipeline over gloo), bench (step-cost and pipeline-throughput benchmark).
 """

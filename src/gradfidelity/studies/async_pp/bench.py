@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import asdict, replace
 
 import torch
 
 from gradfidelity.harness.io import atomic_write_json
+from gradfidelity.studies.async_pp.config import BenchPipeline, StudyConfig
 from gradfidelity.studies.async_pp.data import build_stream
 from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, model_loss_fn
-from gradfidelity.studies.async_pp.model import ModelConfig, build_model, lm_loss
+from gradfidelity.studies.async_pp.model import build_model, lm_loss
 from gradfidelity.studies.async_pp.optimizers import build_optimizer
 from gradfidelity.studies.async_pp.pipeline import PipeJob, PipeSetup, run_pipeline, theoretical_bubble
 
@@ -27,10 +29,10 @@ STEP_COST_LIMIT = 1.15
 PIPELINE_TARGET = 1.15  # the bar for real 2bw / flushing sync throughput (theory: (m+P-1)/m)
 
 
-def sim_step_cost(cfg: dict, steps: int, repeats: int) -> dict:
-    tc = cfg["train"]
-    stream = build_stream(cfg["data"], int(tc["seq_len"]), int(tc["batch_size"]), seed=0)
-    mcfg = ModelConfig.from_dict(cfg["model"], vocab_size=stream.vocab_size)
+def sim_step_cost(cfg: StudyConfig, steps: int, repeats: int) -> dict:
+    tc = cfg.train
+    stream = build_stream(cfg.data, tc.seq_len, tc.batch_size, seed=0)
+    mcfg = cfg.model.with_vocab(stream.vocab_size)
     sims = {}
     for schedule in ("sync", "2bw"):
         model = build_model(mcfg, seed=0)
@@ -53,23 +55,21 @@ def sim_step_cost(cfg: dict, steps: int, repeats: int) -> dict:
             "timed_steps": steps * repeats, "optimizer": "adamw", "threads": torch.get_num_threads()}
 
 
-def pipeline_throughput(cfg: dict, pc: dict) -> dict:
+def pipeline_throughput(cfg: StudyConfig, pc: BenchPipeline) -> dict:
     # A stage big enough that compute dominates the gloo messages (bench.pipeline.model overrides the study model).
-    model = dict(cfg["model"], **(pc.get("model") or {}), tie_embeddings=False)
-    setup = PipeSetup(model=model, n_stages=int(pc["n_stages"]), seq_len=int(pc["seq_len"]),
-                      batch_size=int(pc["batch_size"]), dtype="float32",
-                      train_chars=int(cfg["data"].get("train_chars", 200000)),
-                      val_chars=int(cfg["data"].get("val_chars", 20000)))
-    m = int(pc["n_micro"])
-    jobs = [PipeJob(f"{s}_{r}", s, pc["optimizer"], int(pc["steps"]), n_micro=m)
-            for r in range(int(pc["repeats"])) for s in ("sync", "2bw")]
+    model = replace(cfg.model, **asdict(pc.model), tie_embeddings=False)
+    setup = PipeSetup(model=model, n_stages=pc.n_stages, seq_len=pc.seq_len, batch_size=pc.batch_size,
+                      dtype="float32", train_chars=cfg.data.train_chars, val_chars=cfg.data.val_chars)
+    m = pc.n_micro
+    jobs = [PipeJob(f"{s}_{r}", s, pc.optimizer, pc.steps, n_micro=m)
+            for r in range(pc.repeats) for s in ("sync", "2bw")]
     res = run_pipeline(setup, jobs)
-    tokens = int(pc["steps"]) * setup.batch_size * setup.seq_len
-    out: dict = {"n_stages": setup.n_stages, "n_micro": m, "steps": int(pc["steps"]),
-                 "tokens_per_run": tokens, "model": model, "runs": {}}
+    tokens = pc.steps * setup.batch_size * setup.seq_len
+    out: dict = {"n_stages": setup.n_stages, "n_micro": m, "steps": pc.steps,
+                 "tokens_per_run": tokens, "model": asdict(model), "runs": {}}
     for s in ("sync", "2bw"):
         tps, bubbles = [], []
-        for r in range(int(pc["repeats"])):
+        for r in range(pc.repeats):
             timing = res[f"{s}_{r}"]["timing"]
             wall = max(t["wall_s"] for t in timing)
             tps.append(tokens / wall)
@@ -85,11 +85,12 @@ def pipeline_throughput(cfg: dict, pc: dict) -> dict:
     return out
 
 
-def run_bench(cfg: dict, out_path: str) -> dict:
+def run_bench(cfg: StudyConfig, out_path: str) -> dict:
+    cfg.need("model", "data", "train", "bench")
     torch.set_num_threads(1)
-    b = cfg["bench"]
+    b = cfg.bench
     result = {"study": "async_pp",
-              "sim_step_cost": sim_step_cost(cfg, int(b["steps"]), int(b["repeats"])),
-              "pipeline": pipeline_throughput(cfg, b["pipeline"])}
+              "sim_step_cost": sim_step_cost(cfg, b.steps, b.repeats),
+              "pipeline": pipeline_throughput(cfg, b.pipeline)}
     atomic_write_json(out_path, result)
     return result

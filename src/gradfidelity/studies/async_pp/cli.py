@@ -1,77 +1,76 @@
-"""Subcommands of study B. Heavy imports happen inside the handlers so `gradfidelity --help` stays fast.
+"""Subcommands of study B: argparse glue, no logic. Heavy imports happen inside the handlers so `gradfidelity --help`
+stays fast.
 
-  async-pp-train      train one cell (the run directory of its metrics.json path) through the harness Run
+  async-pp-train      train one cell (`--run-dir`, `--cell`: the rule's wildcards) through the harness Run
   async-pp-select-lr  the LR grid's metrics.json -> lr_selection.json + the LR-selection table
   async-pp-aggregate  the metrics.json files given (harness loader, one scale) -> runs.csv + curves.csv
   async-pp-report     tables, figures and/or claim evidence from the aggregates
   bench-async-pp      simulated step cost and real-pipeline throughput -> results/<scale>/bench/async_pp.json
 
-Each rule passes only the config sub-sections its jobs depend on (`--cfg`), so an edit reruns exactly those jobs.
+Each rule passes only the config sections its job reads (`--cfg`, rules.JOB_KEYS), so an edit reruns exactly those
+jobs; the typed config (config.job) holds None for the sections a job was not given.
 """
 
 from __future__ import annotations
 
 from gradfidelity.config import cfg_from_json
-from gradfidelity.errors import UserError
-
-NEEDS = {"train": ("model", "data", "train"), "report": ("seeds", "model", "train", "sweeps"),
-         "bench": ("model", "data", "train", "bench")}
 
 
-def _cfg(text: str, what: str) -> dict:
-    cfg = cfg_from_json(text, "async_pp")
-    for key in NEEDS[what]:
-        if key not in cfg:
-            raise UserError(f"async_pp config: missing key {key!r}")
-    return cfg
+def _cfg(text: str):
+    from gradfidelity.studies.async_pp.config import STUDY, load_job
+
+    return load_job(cfg_from_json(text, STUDY))
 
 
 def _train(args) -> int:
-    from gradfidelity.studies.async_pp.plan import cell_from_path
+    from gradfidelity.studies.async_pp.plan import cell_from_wildcards
     from gradfidelity.studies.async_pp.train import run_cell
 
-    cfg = _cfg(args.cfg, "train")
-    cell = cell_from_path(args.metrics)
-    root = args.metrics[: args.metrics.index("/optimizer~")]
-    run_cell(cfg, cell, root, int(args.threads), args.lr_selection)
+    run_cell(_cfg(args.cfg), cell_from_wildcards(args.cell), args.run_dir, args.threads, args.lr_selection)
     return 0
 
 
 def _select_lr(args) -> int:
     from gradfidelity.studies.async_pp.lr_select import write_selection
 
-    doc = write_selection(args.metrics, args.scale, args.out, args.table)
+    doc = write_selection(args.metrics, args.scale, args.out)
+    if args.table:
+        from gradfidelity.studies.async_pp.tables import write_lr_selection
+
+        write_lr_selection(doc, args.table)
     for opt, s in doc["optimizers"].items():
         print(f"{opt}: x{s['multiplier']:g} -> lr {s['lr']:.3g}{' (grid edge)' if s['at_grid_edge'] else ''}")
     return 0
 
 
 def _aggregate(args) -> int:
-    from gradfidelity.studies.async_pp.analysis import aggregate
+    from gradfidelity.studies.async_pp.aggregate import aggregate
 
     aggregate(args.metrics, args.runs, args.curves, args.scale, args.tokens_per_step)
     return 0
 
 
 def _report(args) -> int:
-    import pandas as pd
-
-    from gradfidelity.studies.async_pp.analysis import Gaps, read_runs, write_claims
-
-    cfg = _cfg(args.cfg, "report")
+    cfg = _cfg(args.cfg)
     if args.main_table:
-        from gradfidelity.studies.async_pp.report import write_tables
+        import pandas as pd
+
+        from gradfidelity.studies.async_pp.aggregate import read_runs
+        from gradfidelity.studies.async_pp.pairing import Gaps
+        from gradfidelity.studies.async_pp.tables import write_tables
 
         curves = pd.read_csv(args.curves) if args.curves else None
         write_tables(Gaps(read_runs(args.runs, args.scale), cfg), args.main_table, args.mitigations_table,
                      args.scale, curves, args.length_table)
     if args.fig_momentum:
-        from gradfidelity.studies.async_pp.report import write_figures
+        from gradfidelity.studies.async_pp.figures import write_figures
 
         write_figures(args.runs, args.curves, cfg, {"momentum": args.fig_momentum, "depth": args.fig_depth,
                                                      "gap_vs_tokens": args.fig_gap_vs_tokens,
                                                      "curves": args.fig_curves})
     if args.claims:
+        from gradfidelity.studies.async_pp.claims import write_claims
+
         write_claims(args.runs, cfg, args.scale, args.claims, [args.main_table, args.mitigations_table,
                                                                *(args.claim_source or [])])
     return 0
@@ -80,7 +79,7 @@ def _report(args) -> int:
 def _bench(args) -> int:
     from gradfidelity.studies.async_pp.bench import run_bench
 
-    result = run_bench(_cfg(args.cfg, "bench"), args.out)
+    result = run_bench(_cfg(args.cfg), args.out)
     sc, pl = result["sim_step_cost"], result["pipeline"]
     print(f"2bw/sync step cost {sc['ratio_2bw_over_sync']:.3f} (limit {sc['limit']}); pipeline 2bw/sync "
           f"throughput {pl['throughput_ratio_2bw_over_sync']:.3f}")
@@ -93,9 +92,11 @@ def _bench(args) -> int:
 
 
 def register(sub) -> None:
+    from gradfidelity.harness.cli_args import add_run_args
+
     p = sub.add_parser("async-pp-train", help="study B: train one cell (schedule x mitigation x optimizer)")
     p.add_argument("--cfg", required=True, help="JSON: the model, data, train (and delay) sections")
-    p.add_argument("--metrics", required=True, help="the cell's metrics.json path (names the cell and its root)")
+    add_run_args(p)
     p.add_argument("--lr-selection", help="lr_selection.json (needed by lr~tuned cells)")
     p.add_argument("--threads", default=1, type=int)
     p.set_defaults(func=_train)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from gradfidelity.errors import UserError
+from gradfidelity.studies.async_pp.config import DataConfig
 
 ALPHABET = "\n ,.0123456789abcdefghijklmnopqrstuvwxyz"
 _NOUNS = ["cat", "dog", "bird", "fish", "horse", "tree", "river", "stone", "child", "king", "queen", "ship",
@@ -173,14 +174,12 @@ def fineweb_stream(source: str, tokenizer, train_tokens: int, val_tokens: int, s
     return TokenStream(tokens[val_tokens:], tokens[:val_tokens], vocab, seq_len, batch_size, seed)
 
 
-def build_stream(data_cfg: dict, seq_len: int, batch_size: int, seed: int) -> TokenStream:
-    corpus = data_cfg.get("corpus", "embedded")
-    if corpus == "embedded":
-        return embedded_stream(int(data_cfg["train_chars"]), int(data_cfg["val_chars"]), seq_len, batch_size, seed)
-    if corpus == "fineweb_edu":
+def build_stream(data: DataConfig, seq_len: int, batch_size: int, seed: int) -> TokenStream:
+    if data.corpus == "embedded":
+        return embedded_stream(data.train_chars, data.val_chars, seq_len, batch_size, seed)
+    if data.corpus == "fineweb_edu":
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(data_cfg["tokenizer"])
-        return fineweb_stream(data_cfg["path"], tok, int(data_cfg["train_tokens"]), int(data_cfg["val_tokens"]),
-                              seq_len, batch_size, seed)
-    raise UserError(f"async_pp.data.corpus: {corpus!r} not in ['embedded', 'fineweb_edu']")
+        tok = AutoTokenizer.from_pretrained(data.tokenizer)
+        return fineweb_stream(data.path, tok, data.train_tokens, data.val_tokens, seq_len, batch_size, seed)
+    raise UserError(f"async_pp.data.corpus: {data.corpus!r} not in ['embedded', 'fineweb_edu']")

@@ -41,7 +41,7 @@ from torch import nn
 from torch.func import functional_call
 
 from gradfidelity.errors import UserError
-from gradfidelity.studies.async_pp.names import MITIGATIONS, SCHEDULES
+from gradfidelity.studies.async_pp.config import MITIGATIONS, SCHEDULES
 
 
 @dataclass(frozen=True)

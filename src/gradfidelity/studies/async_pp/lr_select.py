@@ -1,7 +1,7 @@
 """The learning-rate selection rule of study B, fixed before any async run (issue 13, item 1).
 
 Rule: per optimizer, train the `sync` schedule at every multiplier m of config `lr_selection.multipliers` times the
-optimizer's default LR (names.DEFAULTS), on the selection seed `lr_selection.seed` (not an evaluation seed), for
+optimizer's default LR (config.DEFAULTS), on the selection seed `lr_selection.seed` (not an evaluation seed), for
 the main budget `train.steps`; choose the multiplier with the lowest final sync validation loss (diverged runs
 excluded; a tie goes to the smaller LR). Every other cell of the optimizer (every schedule, mitigation, momentum,
 depth and length) then trains at that LR (`lr~tuned`). A choice at the edge of the grid is flagged in the table:
@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 import math
 
-import pandas as pd
-
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json
-from gradfidelity.studies.async_pp.names import DEFAULTS, OPTIMIZERS
-from gradfidelity.studies.async_pp.plan import TUNED, cell_from_path, lr_multiplier
+from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS
+from gradfidelity.studies.async_pp.plan import TUNED, cell_from_run, lr_multiplier
 
 RULE = ("per optimizer, the multiplier of the default LR with the lowest final sync validation loss on the selection "
         "seed (diverged runs excluded, ties to the smaller LR); used by every schedule")
@@ -34,14 +32,15 @@ def choose(grid: dict[float, float]) -> float:
 
 
 def select(metrics_paths: list[str], scale: str) -> dict:
-    """The grid runs' metrics.json (the rule's {input}) -> the selection document."""
-    from gradfidelity.harness.results import load_run_records
+    """The grid runs' metrics.json (the rule's {input}) -> the selection document. Each run's cell is read from its
+    records (harness.results.cell_of), not from its path."""
+    from gradfidelity.harness.results import cell_of, load_run_records
 
     by_opt: dict[str, list[dict]] = {}
-    for path, rec in zip(metrics_paths, load_run_records(metrics_paths, scale=scale), strict=True):
-        c = cell_from_path(path)
+    for rec in load_run_records(metrics_paths, scale=scale):
+        c = cell_from_run(cell_of(rec))
         if c.lr == TUNED or c.schedule != "sync":
-            raise UserError(f"{path}: not an LR-grid run (sync, lr~x<m>)")
+            raise UserError(f"{rec['path']}: not an LR-grid run (sync, lr~x<m>)")
         ok = rec["status"] == "ok"
         loss = float(rec["metrics"]["final_val_loss"]) if ok else math.nan
         m = lr_multiplier(c.lr)
@@ -58,25 +57,10 @@ def select(metrics_paths: list[str], scale: str) -> dict:
     return {"study": "async_pp", "scale": scale, "rule": RULE, "optimizers": out}
 
 
-def write_selection(metrics_paths: list[str], scale: str, out_json: str, table_csv: str | None = None) -> dict:
+def write_selection(metrics_paths: list[str], scale: str, out_json: str) -> dict:
+    """The selection document, written to `out_json` (what every lr~tuned cell reads); its table: tables.py."""
     doc = select(metrics_paths, scale)
     atomic_write_json(out_json, doc)
-    if table_csv:
-        from gradfidelity.tables import write_table
-
-        rows = []
-        for opt, s in doc["optimizers"].items():
-            row = {"optimizer": opt, "default_lr": s["default_lr"], "chosen_multiplier": s["multiplier"],
-                   "chosen_lr": s["lr"], "at_grid_edge": s["at_grid_edge"]}
-            for r in s["grid"]:
-                row[f"loss_x{r['multiplier']:g}"] = r["final_val_loss"]
-            rows.append(row)
-        seeds = sorted({r["seed"] for s in doc["optimizers"].values() for r in s["grid"]})
-        write_table(pd.DataFrame(rows), table_csv, title="Study B: learning-rate selection on the sync schedule",
-                    notes=[f"scale {scale}; rule: {RULE}", f"selection seed(s) {seeds} (not evaluation seeds); "
-                           "loss_x<m> = final sync validation loss at m x the default LR, nan = diverged",
-                           "at_grid_edge: the choice is the smallest or largest multiplier (the grid may not "
-                           "bracket the optimum)"])
     return doc
 
 

@@ -14,57 +14,14 @@ SwiGLU 2560). The 10B MoE of the paper is listed in the paper config as paper-on
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gradfidelity.errors import UserError
-from gradfidelity.studies.async_pp.names import DTYPE_NAMES
+from gradfidelity.studies.async_pp.config import DTYPE_NAMES, ModelConfig  # the shape: one typed config section
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # config `train.dtype` -> torch dtype
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_ff: int
-    max_seq_len: int
-    tie_embeddings: bool = True
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
-
-    @classmethod
-    def from_dict(cls, d: dict, vocab_size: int | None = None) -> ModelConfig:
-        known = set(cls.__dataclass_fields__)
-        unknown = set(d) - known
-        if unknown:
-            raise UserError(f"async_pp.model: unknown keys {sorted(unknown)}; allowed {sorted(known)}")
-        d = dict(d)
-        if vocab_size is not None and d.get("vocab_size") in (None, 0):
-            d["vocab_size"] = vocab_size
-        cfg = cls(**d)
-        if cfg.d_model % cfg.n_heads or cfg.n_heads % cfg.n_kv_heads:
-            raise UserError(f"async_pp.model: d_model {cfg.d_model} must divide by n_heads {cfg.n_heads} and "
-                            f"n_heads by n_kv_heads {cfg.n_kv_heads}")
-        if (cfg.d_model // cfg.n_heads) % 2:
-            raise UserError("async_pp.model: head dim must be even for RoPE")
-        return cfg
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    @property
-    def n_units(self) -> int:
-        """Pipeline units: embedding, two per block (attention half, MLP half), final norm + head. Half-block
-        units let a 3-layer smoke model still be cut into 8 pipeline stages."""
-        return 2 * self.n_layers + 2
 
 
 class RMSNorm(nn.Module):

@@ -5,7 +5,7 @@ inverted Muon's LR scaling). Muon updates the hidden weight matrices only; the e
 gains go to its built-in AdamW groups (`use_muon=False`), as in Keller Jordan's reference.
 
 Defaults (chosen before any result was seen; the paper's appendix values are unknown). The default LR and momentum
-live in `names.DEFAULTS` only; the LR actually used is chosen per optimizer on the sync schedule from a grid of
+live in `config.DEFAULTS` only; the LR actually used is chosen per optimizer on the sync schedule from a grid of
 multiples of that default (lr_select.py, config `lr_selection`).
 | optimizer | lr | momentum maps to | other | source |
 |---|---|---|---|---|
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from gradfidelity.errors import UserError
-from gradfidelity.studies.async_pp.names import DEFAULTS
+from gradfidelity.studies.async_pp.config import DEFAULTS
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,10 @@ from torch.multiprocessing.spawn import ProcessException
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.integrity import load_checkpoint, save_checkpoint
+from gradfidelity.studies.async_pp.config import ModelConfig
 from gradfidelity.studies.async_pp.data import embedded_stream
 from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, UpdateRule, model_loss_fn
-from gradfidelity.studies.async_pp.model import DTYPES, ModelConfig, build_model, lm_loss, stage_bounds, stage_of_params
+from gradfidelity.studies.async_pp.model import DTYPES, build_model, lm_loss, stage_bounds, stage_of_params
 from gradfidelity.studies.async_pp.optimizers import build_optimizer, lr_factor, set_lr_factor
 
 PIPE_SCHEDULES = ("sync", "2bw", "pipedream")
@@ -44,7 +45,7 @@ PIPE_SCHEDULES = ("sync", "2bw", "pipedream")
 
 @dataclass(frozen=True)
 class PipeSetup:
-    model: dict  # ModelConfig fields (untied: a tied weight would live in two stages)
+    model: ModelConfig  # untied: a tied weight would live in two stages; vocab_size 0 = the corpus's
     n_stages: int
     seq_len: int
     batch_size: int
@@ -77,7 +78,7 @@ def _check(setup: PipeSetup, job: PipeJob) -> None:
         raise UserError(f"pipeline schedule {job.schedule!r} not in {list(PIPE_SCHEDULES)}")
     if job.mitigation not in ("none", "error_feedback", "taylor"):
         raise UserError(f"pipeline mitigation {job.mitigation!r}: sync_start/sync_cooldown need a flush")
-    if setup.model.get("tie_embeddings", True):
+    if setup.model.tie_embeddings:
         raise UserError("pipeline: set model.tie_embeddings false (a tied weight would span two stages)")
     if setup.batch_size % job.micro():
         raise UserError(f"pipeline: batch_size {setup.batch_size} not divisible by n_micro {job.micro()}")
@@ -111,7 +112,7 @@ def _snapshot(named) -> dict[str, torch.Tensor]:
 def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
     """Run `job` as stage k; returns the stage's final parameters and timing."""
     P, dtype = setup.n_stages, DTYPES[setup.dtype]
-    cfg = ModelConfig.from_dict(setup.model, vocab_size=stream.vocab_size)
+    cfg = setup.model.with_vocab(stream.vocab_size)
     model = build_model(cfg, setup.seed, dtype)
     lo, hi = stage_bounds(cfg.n_units, P)[k]
     owner = stage_of_params(model, P)
@@ -122,6 +123,7 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
     m, T, mb = job.micro(), job.steps, setup.batch_size // job.micro()
     S, d = setup.seq_len, cfg.d_model
     versions = {0: _snapshot(named)}  # update count -> immutable weights
+    peak = 1  # the most versions the stage held at once (2bw: two, the double buffer; sync: one)
     updates = 0
     in_flight: dict[int, tuple] = {}
     acc: dict[int, list[torch.Tensor]] = {}
@@ -181,9 +183,14 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
                            {n: w.detach() for n, w in versions[v].items()})
                 updates += 1
                 versions[updates] = _snapshot(named)
-                keep = {updates, updates - 1} | {e[0] for e in in_flight.values()}
+                # 2bw's next batch runs on W(t-1) (the double buffer); sync and pipedream forward on the newest
+                # version, so an older one stays only while a micro-batch in flight (pipedream's stash) needs it.
+                keep = {updates} | {e[0] for e in in_flight.values()}
+                if job.schedule == "2bw":
+                    keep.add(updates - 1)
                 for old in [u for u in versions if u not in keep]:
                     del versions[old]
+                peak = max(peak, len(versions))
             busy += time.perf_counter() - t0
         sends = [h for h in sends if not h.is_completed()]
     for h in sends:
@@ -191,7 +198,7 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
     wall = time.perf_counter() - t_start
     return {"params": {n: p.detach().clone() for n, p in named},
             "timing": {"stage": k, "wall_s": wall, "busy_s": busy, "recv_wait_s": wait,
-                       "max_versions": len(versions)},
+                       "max_versions": peak},
             "losses": losses}
 
 
@@ -242,7 +249,7 @@ def run_pipeline(setup: PipeSetup, jobs: list[PipeJob], out_dir: str | os.PathLi
 def simulate(setup: PipeSetup, job: PipeJob, schedule: str | None = None) -> dict[str, torch.Tensor]:
     """The single-process delay simulator on the pipeline's data, micro-batching and LR schedule."""
     stream = embedded_stream(setup.train_chars, setup.val_chars, setup.seq_len, setup.batch_size, setup.seed)
-    cfg = ModelConfig.from_dict(setup.model, vocab_size=stream.vocab_size)
+    cfg = setup.model.with_vocab(stream.vocab_size)
     model = build_model(cfg, setup.seed, DTYPES[setup.dtype])
     opt = build_optimizer(job.optimizer, list(model.named_parameters()), lr=job.lr, momentum=job.momentum)
     schedule = schedule or job.schedule

@@ -6,7 +6,7 @@ momentum~0.95/steps~300/seed0/` (the Snakemake Paramspace `name~value` conventio
 training rule), so a cell that two sweeps share (e.g. the main sweep's AdamW at its default momentum is also a point
 of the momentum sweep) is trained once and read by both.
 
-- lr: `x<m>` = m times the optimizer's default LR (names.DEFAULTS): the LR-selection grid, sync schedule only, on
+- lr: `x<m>` = m times the optimizer's default LR (config.DEFAULTS): the LR-selection grid, sync schedule only, on
   the selection seed `lr_selection.seed` (not one of the evaluation seeds, so the chosen LR is not fitted to the
   seeds the gaps are measured on). `tuned` = the LR chosen from that grid (lr_select.py): every other cell, every
   schedule, so every async variant uses the LR chosen on sync before any async run.
@@ -27,10 +27,14 @@ import re
 from dataclasses import dataclass
 
 from gradfidelity.errors import UserError
-from gradfidelity.studies.async_pp.names import DEFAULTS, HEADS, MITIGATIONS, OPTIMIZERS, SCHEDULES
+from gradfidelity.studies.async_pp.config import DEFAULTS, HEADS, MITIGATIONS, OPTIMIZERS, SCHEDULES, STUDY, StudyConfig
 
 KEYS = ("optimizer", "lr", "head", "schedule", "mitigation", "depth", "momentum", "steps")
 TUNED = "tuned"
+SELECTION = "lr_selection.json"  # the LR-selection document, in the study's results root
+# The paper tables (<name>.csv + <name>.md under the scale's table root) and figures (<name>.png) of the study.
+TABLES = ("async_pp_main", "async_pp_mitigations", "async_pp_lr_selection", "async_pp_length")
+FIGURES = ("async_pp_momentum", "async_pp_depth", "async_pp_gap_vs_tokens", "async_pp_curves")
 # The training rule's run directory and output, with these wildcards (constraints in WILDCARDS).
 RUN_DIR = "/".join(f"{k}~{{{k}}}" for k in KEYS) + "/seed{seed}"
 PATTERN = RUN_DIR + "/metrics.json"
@@ -66,6 +70,10 @@ class Cell:
     def metrics(self, root: str = "results/async_pp") -> str:
         return f"{self.dir(root)}/metrics.json"
 
+    def wildcards(self) -> dict[str, str]:
+        """The training rule's wildcards of this cell (what `--cell` carries into the run's records)."""
+        return {k: str(getattr(self, k)) for k in (*KEYS, "seed")}
+
 
 def lr_label(multiplier: float) -> str:
     return f"x{float(multiplier):g}"
@@ -78,52 +86,35 @@ def lr_multiplier(label: str) -> float:
 
 
 def default_momentum(optimizer: str) -> float:
-    """The optimizer's momentum outside the momentum sweep (names.DEFAULTS, the one place it is set)."""
+    """The optimizer's momentum outside the momentum sweep (config.DEFAULTS, the one place it is set)."""
     if optimizer not in DEFAULTS:
         raise UserError(f"async_pp: optimizer {optimizer!r} not in {list(OPTIMIZERS)}")
     return float(DEFAULTS[optimizer]["momentum"])
 
 
-def main_head(cfg: dict) -> str:
-    return "tied" if cfg["model"].get("tie_embeddings", True) else "untied"
+def main_head(cfg: StudyConfig) -> str:
+    return "tied" if cfg.model.tie_embeddings else "untied"
 
 
-def variant(v: str) -> tuple[str, str]:
-    """'2bw+error_feedback' -> ('2bw', 'error_feedback'); 'sync' -> ('sync', 'none')."""
-    schedule, _, mitigation = v.partition("+")
-    mitigation = mitigation or "none"
-    if schedule not in SCHEDULES or mitigation not in MITIGATIONS:
-        raise UserError(f"async_pp: variant {v!r} is not schedule[+mitigation] with schedule in "
-                        f"{list(SCHEDULES)} and mitigation in {list(MITIGATIONS)}")
-    return schedule, mitigation
-
-
-def sweep_optimizers(cfg: dict) -> list[str]:
-    sw = cfg["sweeps"]
-    return sorted({o for key in ("main", "mitigation", "momentum", "depth", "length") for o in sw[key]["optimizers"]},
+def sweep_optimizers(cfg: StudyConfig) -> list[str]:
+    sw = cfg.sweeps
+    return sorted({o for s in (sw.main, sw.mitigation, sw.momentum, sw.depth, sw.length) for o in s.optimizers},
                   key=OPTIMIZERS.index)
 
 
-def selection_seed(cfg: dict) -> int:
-    seed = int(cfg["lr_selection"]["seed"])
-    if seed < int(cfg["seeds"]):
-        raise UserError(f"async_pp.lr_selection.seed {seed} is one of the evaluation seeds 0..{cfg['seeds'] - 1}: "
-                        "the LR would be chosen on the runs it is judged on")
-    return seed
-
-
-def grid_cells(cfg: dict) -> list[Cell]:
-    """The LR-selection grid: sync, every multiplier, the selection seed, the main budget and model."""
-    seed, steps, head = selection_seed(cfg), int(cfg["train"]["steps"]), main_head(cfg)
+def grid_cells(cfg: StudyConfig) -> list[Cell]:
+    """The LR-selection grid: sync, every multiplier, the selection seed (config checks that it is not an
+    evaluation seed), the main budget and model."""
+    seed, steps, head = cfg.lr_selection.seed, cfg.train.steps, main_head(cfg)
     return sorted(Cell(o, lr_label(m), head, "sync", "none", 1, default_momentum(o), steps, seed)
-                  for o in sweep_optimizers(cfg) for m in cfg["lr_selection"]["multipliers"])
+                  for o in sweep_optimizers(cfg) for m in cfg.lr_selection.multipliers)
 
 
-def cells(cfg: dict) -> list[Cell]:
+def cells(cfg: StudyConfig) -> list[Cell]:
     """Every cell of every sweep (LR grid included), deduplicated and sorted."""
-    steps = int(cfg["train"]["steps"])
-    seeds = range(int(cfg["seeds"]))
-    sw = cfg["sweeps"]
+    steps = cfg.train.steps
+    seeds = range(cfg.seeds)
+    sw = cfg.sweeps
     head0 = main_head(cfg)
     out: set[Cell] = set(grid_cells(cfg))
 
@@ -135,33 +126,47 @@ def cells(cfg: dict) -> list[Cell]:
         for s in seeds:
             out.add(Cell(opt, TUNED, head, schedule, mitigation, depth, mom, int(n_steps), s))
 
-    for opt in sw["main"]["optimizers"]:
+    for opt in sw.main.optimizers:
         for schedule in ("sync", "2bw"):
             add(opt, schedule)
-    for opt in sw["mitigation"]["optimizers"]:
+    for opt in sw.mitigation.optimizers:
         for schedule in ("sync", "2bw"):
             add(opt, schedule)
-        for mit in sw["mitigation"]["mitigations"]:
+        for mit in sw.mitigation.mitigations:
             add(opt, "2bw", mit)
-    for opt in sw["momentum"]["optimizers"]:
-        for mom in sw["momentum"]["momenta"]:
+    for opt in sw.momentum.optimizers:
+        for mom in sw.momentum.momenta:
             for schedule in ("sync", "2bw"):
                 add(opt, schedule, momentum=mom)
-    n_units = 2 * int(cfg["model"]["n_layers"]) + 2
-    if sw["depth"]["depths"] and max(sw["depth"]["depths"]) > n_units:
-        raise UserError(f"async_pp.sweeps.depth.depths: P = {max(sw['depth']['depths'])} exceeds the model's "
-                        f"{n_units} pipeline units (2 * model.n_layers + 2)")
-    for opt in sw["depth"]["optimizers"]:
+    for opt in sw.depth.optimizers:  # config checks that every P fits the model's pipeline units
         for schedule in ("sync", "2bw"):
             add(opt, schedule, head="untied")
-        for P in sw["depth"]["depths"]:
-            for schedule in sw["depth"]["schedules"]:
+        for P in sw.depth.depths:
+            for schedule in sw.depth.schedules:
                 add(opt, schedule, depth=P, head="untied")
-    for opt in sw["length"]["optimizers"]:
-        for n in sw["length"]["steps"]:
+    for opt in sw.length.optimizers:
+        for n in sw.length.steps:
             for schedule in ("sync", "2bw"):
                 add(opt, schedule, n_steps=n)
     return sorted(out)
+
+
+def metrics(cfg: StudyConfig, root: str) -> list[str]:
+    """Every cell's metrics.json under `root` (results/<scale>/async_pp): the training rule's outputs."""
+    return [c.metrics(root) for c in cells(cfg)]
+
+
+def grid_metrics(cfg: StudyConfig, root: str) -> list[str]:
+    """The LR grid's metrics.json files: the LR selection's inputs."""
+    return [c.metrics(root) for c in grid_cells(cfg)]
+
+
+def table_paths(tables_root: str) -> list[str]:
+    return [f"{tables_root}/{name}.{ext}" for name in TABLES for ext in ("csv", "md")]
+
+
+def figure_paths(figures_root: str) -> list[str]:
+    return [f"{figures_root}/{name}.png" for name in FIGURES]
 
 
 def cell_from_wildcards(w) -> Cell:
@@ -174,12 +179,9 @@ def cell_from_wildcards(w) -> Cell:
         raise UserError(f"async_pp cell {w}: {exc}") from None
 
 
-_DIR = re.compile("/".join(f"{k}~(?P<{k}>[^/]+)" for k in KEYS) + r"/seed(?P<seed>\d+)(?:/metrics\.json)?$")
-
-
-def cell_from_path(path: str) -> Cell:
-    """The cell of a run directory or its metrics.json (the aggregation reads the files it is given)."""
-    m = _DIR.search(str(path))
-    if not m:
-        raise UserError(f"{path}: not an async_pp run path (.../{'~.../'.join(KEYS)}~.../seed<k>)")
-    return cell_from_wildcards(m.groupdict())
+def cell_from_run(cell: dict) -> Cell:
+    """The cell of a run's recorded identity (`harness.results.cell_of(record)`: the study and the training rule's
+    wildcards, written by the harness): how the aggregations know which cell a run is, never from its path."""
+    if cell.get("study") != STUDY:
+        raise UserError(f"a run of study {cell.get('study')!r} is not an {STUDY} run: {cell}")
+    return cell_from_wildcards({k: v for k, v in cell.items() if k != "study"})

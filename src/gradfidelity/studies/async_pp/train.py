@@ -5,10 +5,11 @@ what the real multi-process pipeline computes. Everything in metrics.json is a p
 seed, threads): batches are drawn by (seed, step), checkpoints hold the model, the optimizer and the weight
 history, so a killed and resumed run ends with the same numbers.
 
-The LR: `lr~x<m>` cells (the selection grid) train at m x the default LR (names.DEFAULTS); `lr~tuned` cells read the
+The LR: `lr~x<m>` cells (the selection grid) train at m x the default LR (config.DEFAULTS); `lr~tuned` cells read the
 chosen LR from the selection file (lr_select.py). The head: `head~untied` unties the LM head from the embedding.
 Besides the evenly spaced evaluations the run evaluates at 90% of its steps: `plateau_delta` = val(0.9 T) - val(T),
-the sync plateau gate of the claims.
+the sync plateau gate of the claims. The cell's wildcards go into the run's records (`Run(cell=...)`): the
+aggregations read a run's identity there, never from its path.
 
 Settings (config `train`, `delay`; chosen before any result was seen): warmup-stable-decay LR with 10% warmup and a
 20% linear decay to 0.1x; sync_start K = 10% of the steps (the warmup), sync_cooldown K = 20% (the decay phase);
@@ -19,36 +20,39 @@ negligible at these gradient scales); no gradient clipping (a global-norm clip c
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness import Run
+from gradfidelity.studies.async_pp.config import DEFAULTS, DELAY_READERS, STUDY, StudyConfig
 from gradfidelity.studies.async_pp.data import build_stream
 from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, model_loss_fn
 from gradfidelity.studies.async_pp.lr_select import tuned_lr
-from gradfidelity.studies.async_pp.model import DTYPES, ModelConfig, build_model, lm_loss, n_params, stage_of_params
-from gradfidelity.studies.async_pp.names import DEFAULTS
+from gradfidelity.studies.async_pp.model import DTYPES, build_model, lm_loss, n_params, stage_of_params
 from gradfidelity.studies.async_pp.optimizers import build_optimizer, lr_factor, set_lr_factor
 from gradfidelity.studies.async_pp.plan import TUNED, Cell, lr_multiplier
 
 PLATEAU_FRAC = 0.1  # the plateau gate compares the sync loss at 90% and 100% of the steps
 
 
-
-def delay_spec(cfg: dict, cell: Cell) -> DelaySpec:
-    d = cfg.get("delay")  # the rule passes it to the cells whose mitigation reads it, only
+def delay_spec(cfg: StudyConfig, cell: Cell) -> DelaySpec:
+    """Where the cell evaluates its gradient. The rule passes `delay` only to the cells whose mitigation reads it
+    (rules.JOB_KEYS); the others take no setting from it: sync_start/sync_cooldown steps 0 and a Taylor lambda of 0,
+    none of which a schedule without that mitigation reads."""
+    d = cfg.delay
     if d is None:
-        if cell.mitigation in ("sync_start", "sync_cooldown", "taylor"):
+        if cell.mitigation in DELAY_READERS:
             raise UserError(f"async_pp: mitigation {cell.mitigation} needs the config's `delay` section")
-        d = {"sync_start_frac": 0.0, "sync_cooldown_frac": 0.0, "taylor_lambda": 0.0, "taylor_adaptive": False,
-             "taylor_ema": 0.5}
+        return DelaySpec(schedule=cell.schedule, mitigation=cell.mitigation, depth=cell.depth, total_steps=cell.steps,
+                         sync_start_steps=0, sync_cooldown_steps=0, taylor_lambda=0.0, taylor_adaptive=False,
+                         taylor_ema=0.5)
     return DelaySpec(schedule=cell.schedule, mitigation=cell.mitigation, depth=cell.depth, total_steps=cell.steps,
-                     sync_start_steps=round(d["sync_start_frac"] * cell.steps),
-                     sync_cooldown_steps=round(d["sync_cooldown_frac"] * cell.steps),
-                     taylor_lambda=float(d["taylor_lambda"]), taylor_adaptive=bool(d["taylor_adaptive"]),
-                     taylor_ema=float(d["taylor_ema"]))
+                     sync_start_steps=round(d.sync_start_frac * cell.steps),
+                     sync_cooldown_steps=round(d.sync_cooldown_frac * cell.steps),
+                     taylor_lambda=d.taylor_lambda, taylor_adaptive=d.taylor_adaptive, taylor_ema=d.taylor_ema)
 
 
 @torch.no_grad()
@@ -74,21 +78,24 @@ def plateau_step(steps: int) -> int:
     return max(1, round((1 - PLATEAU_FRAC) * steps))
 
 
-def run_cell(cfg: dict, cell: Cell, root: str, threads: int, lr_selection: str | None = None) -> Path:
-    tc = cfg["train"]
-    out = Path(cell.dir(root))
+def run_cell(cfg: StudyConfig, cell: Cell, run_dir: str | Path, threads: int,
+             lr_selection: str | None = None) -> Path:
+    """Train `cell` in `run_dir` (metrics.json written last); `cfg` holds the sections rules.JOB_KEYS gives it."""
+    cfg.need("model", "data", "train")
+    tc = cfg.train
+    out = Path(run_dir)
     spec = delay_spec(cfg, cell)  # validates schedule/mitigation before any work
     if cell.schedule.startswith("pipedream") and cell.head == "tied":
         raise UserError("async_pp: pipedream needs head~untied (a tied head cannot be fresh at the last stage)")
     lr = cell_lr(cell, lr_selection)
-    record = {"cell": {k: getattr(cell, k) for k in cell.__dataclass_fields__}, "model": cfg["model"],
-              "data": cfg["data"], "train": tc, "delay": cfg.get("delay"), "lr": lr}
-    with Run(out, study="async_pp", config=record, seed=cell.seed, threads=threads,
-             checkpoint_every=int(tc["checkpoint_every"])) as run:
-        stream = build_stream(cfg["data"], int(tc["seq_len"]), int(tc["batch_size"]), cell.seed)
-        mcfg = ModelConfig.from_dict(dict(cfg["model"], tie_embeddings=cell.head == "tied"),
-                                     vocab_size=stream.vocab_size)
-        model = build_model(mcfg, seed=cell.seed, dtype=DTYPES[tc["dtype"]])
+    record = {"cell": {k: getattr(cell, k) for k in cell.__dataclass_fields__}, "model": asdict(cfg.model),
+              "data": asdict(cfg.data), "train": asdict(tc), "delay": asdict(cfg.delay) if cfg.delay else None,
+              "lr": lr}
+    with Run(out, study=STUDY, config=record, seed=cell.seed, threads=threads,
+             checkpoint_every=tc.checkpoint_every, cell=cell.wildcards()) as run:
+        stream = build_stream(cfg.data, tc.seq_len, tc.batch_size, cell.seed)
+        mcfg = replace(cfg.model, tie_embeddings=cell.head == "tied").with_vocab(stream.vocab_size)
+        model = build_model(mcfg, seed=cell.seed, dtype=DTYPES[tc.dtype])
         opt = build_optimizer(cell.optimizer, list(model.named_parameters()), lr=lr,
                               momentum=cell.momentum)
         stages = stage_of_params(model, cell.depth) if cell.schedule.startswith("pipedream") else None
@@ -97,11 +104,11 @@ def run_cell(cfg: dict, cell: Cell, root: str, threads: int, lr_selection: str |
         start, extra = run.resume(state)
         curve = extra.get("curve", [])  # [step, tokens, val_loss]
         train_loss = extra.get("train_loss", [])
-        val_batches = stream.val_batches(int(tc["val_batches"]))
-        tokens_per_step = int(tc["batch_size"]) * int(tc["seq_len"])
-        warmup = round(tc["warmup_frac"] * cell.steps)
-        decay = round(tc["decay_frac"] * cell.steps)
-        at = set(eval_steps(cell.steps, int(tc["evals"])))
+        val_batches = stream.val_batches(tc.val_batches)
+        tokens_per_step = tc.tokens_per_step
+        warmup = round(tc.warmup_frac * cell.steps)
+        decay = round(tc.decay_frac * cell.steps)
+        at = set(eval_steps(cell.steps, tc.evals))
         t0 = time.perf_counter()
         for t in run.progress(range(start, cell.steps), desc=out.parent.name):
             x, y = stream.batch(t)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from gradfidelity.errors import UserError
+from gradfidelity.stats.intervals import t_interval
 from gradfidelity.tables import write_table
 
 
@@ -42,22 +42,34 @@ def window_row(gram: np.ndarray) -> dict:
 
 
 def summarise(rows: list[dict], level: float) -> dict:
-    """Mean kept/full ratio over windows with its t interval at `level`, and that mean over 2/N."""
+    """Mean kept/full ratio over windows with its t interval at `level` (the project's one interval,
+    `stats.intervals.t_interval`, at A3's level: the table's note and A3's detail show one interval), and that mean
+    over 2/N."""
     x = np.array([r["kept_over_full"] for r in rows])
     if len(x) < 2:
         raise UserError(f"alignment: need >= 2 windows for an interval, got {len(x)}")
-    mean, two_over_n = float(x.mean()), rows[0]["two_over_n"]
-    lo, hi = stats.t.interval(level, len(x) - 1, loc=mean, scale=stats.sem(x))
-    return {"windows": len(x), "n_micro": rows[0]["n_micro"], "mean": mean, "low": float(lo), "high": float(hi),
+    iv = t_interval(x, level)
+    mean, two_over_n = iv.estimate, rows[0]["two_over_n"]
+    return {"windows": len(x), "n_micro": rows[0]["n_micro"], "mean": mean, "low": iv.low, "high": iv.high,
             "level": level, "two_over_n": two_over_n, "orthogonal": rows[0]["orthogonal"],
             "over_two_over_n": mean / two_over_n,
             "mean_cosine": float(np.mean([r["mean_cosine"] for r in rows]))}
 
 
+def windows(metrics: dict) -> list[dict]:
+    """One row per window of the sft_rl alignment run's metrics (its Gram matrices)."""
+    return [{"window": i, **window_row(np.array(g))} for i, g in enumerate(metrics["grams"])]
+
+
+def summary(metrics: dict, level: float) -> dict:
+    """`summarise` over the run's windows, with the run's model and micro-batch size (A3's detail, the table's note)."""
+    return {**summarise(windows(metrics), level), "model": metrics["model"],
+            "micro_batch_size": metrics["micro_batch_size"]}
+
+
 def write_tables(metrics: dict, csv: Path, md: Path, level: float) -> dict:
     """Per-window rows to csv/md; returns the summary (with the run's model and micro-batch size)."""
-    rows = [{"window": i, **window_row(np.array(g))} for i, g in enumerate(metrics["grams"])]
-    summ = {**summarise(rows, level), "model": metrics["model"], "micro_batch_size": metrics["micro_batch_size"]}
+    rows, summ = windows(metrics), summary(metrics, level)
     notes = [f"Mean {summ['mean']:.3f} [{summ['low']:.3f}, {summ['high']:.3f}] ({summ['level']:.0%} t interval over "
              f"{summ['windows']} windows) = {summ['over_two_over_n']:.2f} x 2/N; 2/N = {summ['two_over_n']:.3f} "
              f"(identical gradients), sqrt(2/N) = {summ['orthogonal']:.3f} (orthogonal, equal norms); mean pairwise "

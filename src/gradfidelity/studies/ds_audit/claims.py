@@ -11,8 +11,10 @@ coefficients), never the formatted table strings. A4 is the Spearman correlation
 (means over seeds per spread level): that statistic is itself the registry's decision rule, so it is recorded
 exactly too, with n = the spread levels behind it.
 
-`sources`: the run directories of the rows a claim read (the matrix table's `run_dir` column, filled by the
-ds-audit-tables step) followed by the table paths it summarises.
+`sources`: the run directories of the rows a claim read (the matrix frame's `run_dir` column, filled by
+`aggregate.matrix_frame`) followed by the table paths it summarises. The claims job (`write`) rebuilds the frames from
+the runs with the functions the table job uses, and takes the tables as inputs: it runs after them, and a figure
+edit never reruns it.
 """
 
 from __future__ import annotations
@@ -208,3 +210,22 @@ def evidence(matrix: pd.DataFrame, loss_summary: pd.DataFrame, scale: str, *, ma
         "A1-7981": a1_7981(matrix, t), "A2": a2(matrix, t), "A3": a3(matrix, t, alignment=alignment),
         "A4": a4(loss_summary, loss_run_dirs, list(loss_tables)),
     }}
+
+
+def write(groups: Sequence[str], loss: str, alignment_run: str, tables: dict[str, str], out: str, scale: str) -> None:
+    """The claims job: the runs (and the paths of the tables they made, `tables` by plan.TABLES' names, cited as
+    sources) -> the study's evidence file at `out`."""
+    from gradfidelity.claims.evidence import level_for
+    from gradfidelity.harness.io import atomic_write_json
+    from gradfidelity.studies.ds_audit import aggregate
+    from gradfidelity.studies.ds_audit import alignment as align_mod
+
+    df = aggregate.matrix_frame(aggregate.ok_runs(groups, scale))
+    (loss_run,) = aggregate.ok_runs([loss], scale)
+    summ = aggregate.loss_summary(aggregate.loss_frame(loss_run))
+    (align_run,) = aggregate.ok_runs([alignment_run], scale)
+    align = align_mod.summary(align_run["metrics"], level=level_for("A3"))
+    align["sources"] = [align_run["run_dir"], tables["alignment_csv"], tables["alignment_md"]]
+    atomic_write_json(out, evidence(
+        df, summ, scale, matrix_tables=[tables["matrix_csv"], tables["matrix_md"]],
+        loss_run_dirs=[loss_run["run_dir"]], loss_tables=[tables["loss_csv"], tables["loss_md"]], alignment=align))

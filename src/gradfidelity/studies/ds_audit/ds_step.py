@@ -23,73 +23,20 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass
 
 import torch
 
+from gradfidelity.studies.ds_audit.case import DSCase
 from gradfidelity.studies.ds_audit.probe import (
     DTYPES,
     TOLERANCE,
     ProbeResult,
-    ProbeSpec,
     TaggedRegression,
     analyse_step,
     loss_fn,
     micro_batch,
     reference,
 )
-
-
-@dataclass(frozen=True)
-class DSCase:
-    """One row of the fault matrix (or one user audit): DeepSpeed settings plus the probe shape."""
-
-    zero_stage: int
-    offload: str  # "none" | "cpu"
-    ga: int
-    dtype: str  # "fp32" | "bf16"
-    backward_calls: int = 1
-    micro_batch: int = 2
-    clip: float | None = 0.0  # gradient_clipping; None = left out of the config (the version's default applies)
-    zero_extra: tuple = ()  # extra zero_optimization items from a user config, as sorted (key, value) pairs
-    steps: int = 1  # consecutive optimizer steps
-    boundary: str = "manual"  # multi-backward only: "manual" (set_gradient_accumulation_boundary) | "none"
-    target_norm: float = 0.25  # faithful gradient norm per step (below every threshold, or 2x it: the clip case)
-
-    def spec(self, world: int) -> ProbeSpec:
-        return ProbeSpec(ga=self.ga, world=world, backward_calls=self.backward_calls, micro_batch=self.micro_batch,
-                         dtype=self.dtype, steps=self.steps, target_norm=self.target_norm)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DSCase:
-        return cls(**{**d, "zero_extra": tuple(tuple(x) for x in d.get("zero_extra", ()))})
-
-    @property
-    def contiguous_gradients(self) -> bool:
-        """What DeepSpeed uses: the config value (default true), forced on by optimizer offload (stage_1_and_2.py)."""
-        return bool(dict(self.zero_extra).get("contiguous_gradients", True)) or self.offload != "none"
-
-    def ds_config(self, world: int) -> dict:
-        zero = dict(self.zero_extra)
-        zero["stage"] = self.zero_stage
-        if self.offload == "none":
-            zero.pop("offload_optimizer", None)
-        else:
-            zero["offload_optimizer"] = {**zero.get("offload_optimizer", {}), "device": self.offload}
-        out = {
-            "train_micro_batch_size_per_gpu": self.micro_batch,
-            "gradient_accumulation_steps": self.ga,
-            "train_batch_size": self.micro_batch * self.ga * world,
-            "zero_optimization": zero,
-            "bf16": {"enabled": self.dtype == "bf16"},
-            "zero_allow_untested_optimizer": True,
-            "zero_force_ds_cpu_optimizer": False,
-            "steps_per_print": 1 << 30,
-            "wall_clock_breakdown": False,
-        }
-        if self.clip is not None:
-            out["gradient_clipping"] = self.clip
-        return out
 
 
 def init_distributed() -> tuple[int, int]:

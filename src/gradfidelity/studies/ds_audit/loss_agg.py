@@ -15,32 +15,16 @@ error ||g_x - g_a|| / ||g_a|| and the cosine of each gradient to (a), as the spr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gradfidelity.studies.ds_audit.config import LossAggConfig
+
 METHODS = ("global_token_mean", "per_microbatch_mean", "per_sequence_mean")
 
 
-@dataclass(frozen=True)
-class AggConfig:
-    """micro_batches: GA window size M; seqs_per_micro: b; mean_len: mean tokens per sequence; spreads: relative
-    half-width s of the uniform length distribution, lengths ~ U[mean (1 - s), mean (1 + s)]."""
-
-    micro_batches: int = 8
-    seqs_per_micro: int = 2
-    mean_len: int = 32
-    spreads: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 0.95)
-    seeds: int = 5
-    vocab: int = 64
-    hidden: int = 32
-    layers: int = 2
-    threads: int = 1
-
-
-def build_model(cfg: AggConfig, seed: int):
+def build_model(cfg: LossAggConfig, seed: int):
     """A tiny Llama from a config (no download): realistic, heterogeneous per-token gradients."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -52,7 +36,7 @@ def build_model(cfg: AggConfig, seed: int):
     return LlamaForCausalLM(conf).float()
 
 
-def sample_lengths(cfg: AggConfig, spread: float, gen: np.random.Generator) -> np.ndarray:
+def sample_lengths(cfg: LossAggConfig, spread: float, gen: np.random.Generator) -> np.ndarray:
     """Sequence lengths (M, b) >= 2, uniform around mean_len with relative half-width `spread`."""
     lo, hi = cfg.mean_len * (1 - spread), cfg.mean_len * (1 + spread)
     n = gen.uniform(lo, hi, size=(cfg.micro_batches, cfg.seqs_per_micro))
@@ -75,7 +59,7 @@ def token_weights(lengths: np.ndarray) -> dict[str, list[np.ndarray]]:
     return out
 
 
-def per_token_losses(model, lengths: np.ndarray, cfg: AggConfig, seed: int) -> list[torch.Tensor]:
+def per_token_losses(model, lengths: np.ndarray, cfg: LossAggConfig, seed: int) -> list[torch.Tensor]:
     """Next-token cross-entropy of every sequence, unreduced: list of (n_s - 1,) tensors, graph kept."""
     gen = torch.Generator().manual_seed(10_007 * seed + 1)
     losses = []
@@ -98,7 +82,7 @@ def gradients(model, losses: list[torch.Tensor], weights: dict[str, list[np.ndar
     return out
 
 
-def audit(cfg: AggConfig) -> list[dict]:
+def audit(cfg: LossAggConfig) -> list[dict]:
     """One row per (spread, seed, method): length statistics, weight spread, relative error and cosine to (a)."""
     torch.set_num_threads(cfg.threads)
     rows = []

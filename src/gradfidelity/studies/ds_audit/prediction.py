@@ -10,7 +10,7 @@ measured weights must equal pattern x that coefficient, computed on the kept mic
 
 from __future__ import annotations
 
-from gradfidelity.studies.ds_audit.ds_step import DSCase
+from gradfidelity.studies.ds_audit.case import DSCase
 from gradfidelity.studies.ds_audit.probe import clip_coefficient
 
 AFFECTED = ((0, 15, 2), (0, 18, 9))  # PR #6550 shipped in 0.15.2, PR #7967 fixed it in 0.19.0 (docs/sources.md)

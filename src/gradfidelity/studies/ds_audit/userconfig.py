@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gradfidelity.errors import UserError
-from gradfidelity.studies.ds_audit.ds_step import DSCase
+from gradfidelity.studies.ds_audit.case import DSCase
 
 # zero_optimization keys passed through to the probe (the rest cannot change which gradients are accumulated).
 ZERO_KEYS = (

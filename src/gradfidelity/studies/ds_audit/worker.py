@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from gradfidelity.harness.extensions import use_deepspeed_extensions_dir
-from gradfidelity.studies.ds_audit.ds_step import DSCase
+from gradfidelity.studies.ds_audit.case import DSCase, case_from_json
 from gradfidelity.studies.ds_audit.versions import (
     env_for,
     installed_version_noimport,
@@ -62,7 +62,7 @@ def rank_main(jobs_path: str, events_prefix: str, start: int) -> int:
     from gradfidelity.studies.ds_audit.ds_step import run_case
 
     raw = json.loads(Path(jobs_path).read_text())
-    cases = [DSCase.from_dict(c) for c in raw]
+    cases = [case_from_json(c, f"cases[{i}]") for i, c in enumerate(raw)]
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, timeout=timedelta(seconds=GLOO_TIMEOUT_S))
@@ -85,7 +85,7 @@ def rank_main(jobs_path: str, events_prefix: str, start: int) -> int:
     return 0
 
 
-def _read_events(prefix: Path, world: int) -> list[list[dict]]:
+def read_events(prefix: Path, world: int) -> list[list[dict]]:
     out = []
     for r in range(world):
         p = Path(f"{prefix}.rank{r}.jsonl")
@@ -97,7 +97,7 @@ def _read_events(prefix: Path, world: int) -> list[list[dict]]:
     return out
 
 
-def _case_state(events: list[list[dict]], i: int) -> dict:
+def case_state(events: list[list[dict]], i: int) -> dict:
     """Merge the ranks' events for case i: rank 0's result; an error on any rank makes the case an error."""
     errors = [e["error"] for evs in events for e in evs if e["i"] == i and e["event"] == "error"]
     done = [e for e in events[0] if e["i"] == i and e["event"] == "done"]
@@ -141,7 +141,7 @@ def run_group(
         last_progress, seen = time.monotonic(), -1
         while True:
             time.sleep(0.2)
-            events = _read_events(prefix, world)
+            events = read_events(prefix, world)
             n_events = sum(len(e) for e in events)
             if n_events != seen:
                 seen, last_progress = n_events, time.monotonic()
@@ -164,10 +164,10 @@ def run_group(
                 err = ""
             lines = [ln for ln in (err or "").splitlines() if ln.strip() and "WARNING" not in ln and "INFO" not in ln]
             stderr_tails.append(lines[-1][:300] if lines else "")
-        events = _read_events(prefix, world)
+        events = read_events(prefix, world)
         nxt = start
         while nxt < len(cases):
-            st = _case_state(events, nxt)
+            st = case_state(events, nxt)
             if not st:
                 break
             states[nxt] = st

@@ -1,8 +1,9 @@
 """Run directories -> one tidy CSV (one row per run, diverged runs included) and the per-seed alignment of arms.
 
-An aggregation reads the files it is given and their stored metadata, never the path layout: corpus, width and
-method come from the run's provenance.json (`config.cell`, written by the harness for ok and diverged runs alike),
-the status, seed and scale from metrics.json through the one harness loader (runs of another scale refused).
+An aggregation reads the files it is given, never the path layout: corpus, width and method come from the run's
+cell (`harness.results.cell_of`: the plan's cell the harness wrote into metrics.json, for ok and diverged runs
+alike), the status, seed and scale from metrics.json through the one harness loader (runs of another scale
+refused).
 
 Pairing is by seed: the same seed gives BP and every method the same initial weights and the same batch order.
 `align` returns, for several arms (corpus, width, method), the per-seed values of one column on the seeds where
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from gradfidelity.errors import UserError
-from gradfidelity.harness.results import load_run_records, read_provenance
+from gradfidelity.harness.results import cell_of, load_run_records
 
 LABEL = {"bp": "BP", "bp_tm": "BP (thread-matched)", "live_local": "Live Local (serial)",
          "broadcast_serial": "Broadcast (serial)", "rgc_serial": "RGC (serial)",
@@ -32,10 +33,9 @@ COLUMNS = (*_KEYS, *_METRICS, *_TIMING, "stage_busy_s", *_DIVERGED)
 
 
 def _cell(rec: dict) -> dict:
-    prov = Path(rec["run_dir"]) / "provenance.json"
-    cell = (read_provenance(rec).get("config") or {}).get("cell")
-    if not isinstance(cell, dict) or not {"corpus", "width", "method"} <= set(cell):
-        raise UserError(f"{prov}: config.cell (corpus, width, method) missing: not a study C run")
+    cell = cell_of(rec)
+    if cell["study"] != "local" or not {"corpus", "width", "method"} <= set(cell):
+        raise UserError(f"{rec['path']}: its cell {cell} is not a study C run's (corpus, width, method)")
     return cell
 
 

@@ -53,6 +53,7 @@ import torch
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.run import Diverged
+from gradfidelity.studies.local.config import TrainConfig
 from gradfidelity.studies.local.data import get_batch
 from gradfidelity.studies.local.methods import (
     KIND,
@@ -67,7 +68,6 @@ from gradfidelity.studies.local.methods import (
     stage_forward_backward,
 )
 from gradfidelity.studies.local.model import ByteTransformer, ModelConfig, partition
-from gradfidelity.studies.local.settings import TrainConfig
 
 SHM_PREFIX = "gf_local_"
 POLL_S = 0.05

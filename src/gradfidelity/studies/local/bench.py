@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing as mp
 import statistics
@@ -28,10 +29,10 @@ from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.memory import PeakPSS
 from gradfidelity.harness.threads import configure_threads
 from gradfidelity.studies.local.async_runtime import train_async
+from gradfidelity.studies.local.config import StudyConfig, TrainConfig
 from gradfidelity.studies.local.data import batch_offsets, embedded_enwik8
 from gradfidelity.studies.local.methods import Optimizers, bp_backward
 from gradfidelity.studies.local.model import build_model, flops_per_token
-from gradfidelity.studies.local.settings import LocalSettings, TrainConfig
 
 
 # ----------------------------------------------------------------------------------------------- plain reference
@@ -115,11 +116,11 @@ def _pss_of(which: str, t: TrainConfig, width: int, data: torch.Tensor, steps: i
     return mem.peak_bytes / 2**30
 
 
-def run_bench(s: LocalSettings, out: Path) -> dict:
-    b = {"width": 384, "n_layer": s.train.n_layer, "batch_size": 8, "block_size": 256, "threads": 2,
-         "steps": 3, "rounds": 3, "pss_steps": 6, **s.bench}
-    t = TrainConfig(**{**s.train.__dict__, "n_layer": b["n_layer"], "batch_size": b["batch_size"],
-                       "block_size": b["block_size"], "steps": b["pss_steps"]})
+def run_bench(s: StudyConfig, out: Path) -> dict:
+    """Reads train and bench of the config; the probes train at the bench's shape with the training settings."""
+    b = dataclasses.asdict(s.bench)
+    t = dataclasses.replace(s.train, n_layer=b["n_layer"], batch_size=b["batch_size"], block_size=b["block_size"],
+                            steps=b["pss_steps"])
     configure_threads(b["threads"])
     data = torch.frombuffer(bytearray(embedded_enwik8(max(200_000, 40 * b["batch_size"] * b["block_size"]))),
                             dtype=torch.uint8)

@@ -8,7 +8,7 @@
   C8      mean_ci of the per-seed bits-per-byte difference Broadcast serial - RGC serial (mechanism cell)
   C9      exact: largest |end| of the paired 90% CI (TOST) of RGC serial - Live Local (mechanism cell)
   C10     mean_ci of the per-seed (async Broadcast / best BP in budget) / (async Broadcast / BP), the best BP
-          being the faster of BP and thread-matched BP in that cell (tables.best_bp; the choice is in the detail)
+          being the faster of BP and thread-matched BP in that cell (stats.best_bp; the choice is in the detail)
 
 Diverged seeds (a seed enters a record only if every run the record needs on that seed finished ok):
 - throughput and memory claims (C1, C2, C3, C7, C10): a diverged run has no meaningful rate, so its seed is
@@ -29,8 +29,8 @@ import pandas as pd
 from gradfidelity.claims.evidence import exact, level_for, mean_ci, not_measured, paired_difference, paired_ratio
 from gradfidelity.stats import equivalence_tost, noninferiority
 from gradfidelity.studies.local.aggregate import LABEL, Aligned, align, source_of
-from gradfidelity.studies.local.settings import LocalSettings
-from gradfidelity.studies.local.tables import best_bp, gaps_pct, seeds_80pct
+from gradfidelity.studies.local.config import StudyConfig
+from gradfidelity.studies.local.stats import best_bp, gaps_pct, seeds_80pct
 
 
 def _notes(al: Aligned) -> str:
@@ -66,11 +66,11 @@ def _evidence(al: Aligned, what: str, tables: list[str], make: Callable[..., tup
     return rec
 
 
-def claims(df: pd.DataFrame, s: LocalSettings, scale: str, tables: dict[str, str | Path] | None = None) -> dict:
+def claims(df: pd.DataFrame, s: StudyConfig, scale: str, tables: dict[str, str | Path] | None = None) -> dict:
     """The claim evidence file: {"study": "local", "scale": ..., "values": {claim id: evidence record}}.
 
     `tables`: paths of the aggregate, main and mechanism tables (keys aggregate, main, mechanism), named in the
-    records' sources.
+    records' sources. Reads main_width, margin_pct, equivalence_bpb, mechanism_corpora and mechanism_widths.
     """
     tables = {k: str(v) for k, v in (tables or {}).items()}
     main_src = [tables[k] for k in ("aggregate", "main") if k in tables]
@@ -163,3 +163,11 @@ def claims(df: pd.DataFrame, s: LocalSettings, scale: str, tables: dict[str, str
         f"{src('enwik8')}; best BP = {LABEL[best['method']]} (geometric means: {rates}); async threads "
         f"{threads('enwik8', W, 'broadcast_async')}", main_src, system)
     return {"study": "local", "scale": scale, "values": vals}
+
+
+def write_claims(s: StudyConfig, scale: str, tables: dict[str, str | Path], out: Path) -> None:
+    """The evidence file of the `local-claims` job, from the tidy CSV at tables["aggregate"]."""
+    from gradfidelity.harness.io import atomic_write_json
+    from gradfidelity.studies.local.aggregate import read_aggregate
+
+    atomic_write_json(out, claims(read_aggregate(tables["aggregate"]), s, scale, tables))

@@ -1,59 +1,39 @@
-"""Subcommands of study C (called by workflow/rules/local.smk); each validates its config before any work."""
+"""Subcommands of study C (called by workflow/rules/local.smk and data.smk): argparse glue. Each job reads its
+`--cfg` (the keys `rules.JOB_KEYS` gives it) into the typed config before any work."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from gradfidelity.config import cfg_from_json
-from gradfidelity.errors import UserError
+from gradfidelity.harness.cli_args import add_run_args
 
 
-def _settings(args):
-    from gradfidelity.studies.local.settings import parse
+def _config(args, job: str):
+    from gradfidelity.studies.local.config import load_job
 
-    cfg = cfg_from_json(args.cfg, "local")
-    return cfg, parse(cfg)
+    return load_job(cfg_from_json(args.cfg, "local"), job)
 
 
 def _data(args) -> int:
-    """--cfg is the `local.corpora` section (so that a training change does not redo the data)."""
-    from gradfidelity.studies.local.settings import parse
+    from gradfidelity.studies.local.data import prepare_configured
 
-    corpora = cfg_from_json(args.cfg, "local.corpora")
-    from gradfidelity.studies.local.data import prepare
-
-    s = parse({"train": {"n_layer": 1, "n_stages": 1}, "widths": [8], "main_width": 8, "corpora": corpora})
-    if args.corpus not in s.corpora:
-        raise UserError(f"local.corpora has no entry '{args.corpus}'")
-    prepare(args.corpus, s.corpora[args.corpus], Path(args.out))
+    prepare_configured(args.corpus, _config(args, "data").corpora, Path(args.out))
     return 0
 
 
 def _corpus(args) -> int:
-    from gradfidelity.studies.local.data import concat_tree
+    from gradfidelity.studies.local.data import concat_tree_checked
 
-    digest = concat_tree(Path(args.root), args.suffix, Path(args.out))
-    if args.md5 and digest != args.md5:
-        Path(args.out).unlink()
-        raise UserError(f"{args.out}: MD5 {digest}, expected {args.md5} (another release of the package under "
-                        f"{args.root}? see docs/sources.md, Study C)")
-    print(f"{args.out}: MD5 {digest}")
+    concat_tree_checked(Path(args.root), args.suffix, Path(args.out), args.md5)
     return 0
 
 
 def _cell(args) -> int:
-    from gradfidelity.studies.local.cell import run_cell
-    from gradfidelity.studies.local.settings import METHODS
+    from gradfidelity.studies.local.train import run_job
 
-    cfg, s = _settings(args)
-    methods = args.methods.split(",")
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise UserError(f"--methods: unknown {bad} (allowed: {list(METHODS)})")
-    for name in ("train.bin", "val.bin", "meta.json"):
-        if not (Path(args.data) / name).exists():
-            raise UserError(f"{args.data}/{name} does not exist (prepare the corpus with the local_data rule)")
-    run_cell(methods, cfg, args.corpus, args.width, args.seed, Path(args.data), Path(args.root))
+    run_job(_config(args, "train").train, cfg_from_json(args.cfg, "local"), args.methods.split(","), args.cell,
+            Path(args.data), args.run_dir)
     return 0
 
 
@@ -68,10 +48,9 @@ def _tables(args) -> int:
     from gradfidelity.studies.local.aggregate import read_aggregate
     from gradfidelity.studies.local.tables import write_tables
 
-    cfg, s = _settings(args)
     out = {"aggregate": Path(args.aggregate), **{k: Path(getattr(args, k)) for k in (
         "main_csv", "main_md", "mech_csv", "mech_md")}}
-    write_tables(read_aggregate(args.aggregate), s, out)
+    write_tables(read_aggregate(args.aggregate), _config(args, "tables"), out)
     return 0
 
 
@@ -79,33 +58,43 @@ def _figures(args) -> int:
     from gradfidelity.studies.local.aggregate import read_aggregate
     from gradfidelity.studies.local.figures import write_figures
 
-    cfg, s = _settings(args)
-    write_figures(read_aggregate(args.aggregate), s, Path(args.frontier), Path(args.scaling))
+    write_figures(read_aggregate(args.aggregate), _config(args, "figures"), Path(args.frontier),
+                  Path(args.scaling))
     return 0
 
 
 def _claims(args) -> int:
-    from gradfidelity.harness.io import atomic_write_json
-    from gradfidelity.studies.local.aggregate import read_aggregate
-    from gradfidelity.studies.local.claims import claims
+    from gradfidelity.studies.local.claims import write_claims
 
-    cfg, s = _settings(args)
     tables = {"aggregate": args.aggregate, "main": args.main_csv, "mechanism": args.mech_csv}
-    atomic_write_json(Path(args.out), claims(read_aggregate(args.aggregate), s, args.scale, tables))
+    write_claims(_config(args, "claims"), args.scale, tables, Path(args.out))
     return 0
 
 
 def _bench(args) -> int:
     from gradfidelity.studies.local.bench import run_bench
 
-    cfg, s = _settings(args)
-    run_bench(s, Path(args.out))
+    run_bench(_config(args, "bench"), Path(args.out))
+    return 0
+
+
+def _stats_check(args) -> int:
+    from gradfidelity.studies.local.check import write_stats_check
+
+    write_stats_check(args.csv, args.md, args.evidence, args.scale)
     return 0
 
 
 def register(sub) -> None:
+    p = sub.add_parser("stats-check", help="C5: recompute study C's reported statistics from its summary numbers")
+    p.add_argument("--csv", required=True)
+    p.add_argument("--md", required=True)
+    p.add_argument("--evidence", required=True, help="claim evidence JSON to write")
+    p.add_argument("--scale", required=True)
+    p.set_defaults(func=_stats_check)
+
     p = sub.add_parser("local-data", help="study C: prepare a byte corpus (embedded, download, path or file)")
-    p.add_argument("--cfg", required=True, help="JSON of the local.corpora section")
+    p.add_argument("--cfg", required=True, help="JSON {\"corpora\": {<corpus>: its entry of local.corpora}}")
     p.add_argument("--corpus", required=True, choices=["enwik8", "tinystories"])
     p.add_argument("--out", required=True)
     p.set_defaults(func=_data)
@@ -118,13 +107,10 @@ def register(sub) -> None:
     p.set_defaults(func=_corpus)
 
     p = sub.add_parser("local-cell", help="study C: BP, thread-matched BP and methods on one paired seed")
-    p.add_argument("--cfg", required=True)
-    p.add_argument("--corpus", required=True)
-    p.add_argument("--width", required=True, type=int)
-    p.add_argument("--seed", required=True, type=int)
+    p.add_argument("--cfg", required=True, help="JSON {\"train\": local.train}")
     p.add_argument("--methods", required=True, help="comma-separated method names")
-    p.add_argument("--data", required=True, help="folder with train.bin/val.bin")
-    p.add_argument("--root", required=True, help="results/local")
+    p.add_argument("--data", required=True, help="folder with train.bin/val.bin/meta.json")
+    add_run_args(p)  # --run-dir: with {method} in place of each method's name; --cell: corpus, width, seed
     p.set_defaults(func=_cell)
 
     p = sub.add_parser("local-aggregate", help="study C: run directories -> one tidy CSV")

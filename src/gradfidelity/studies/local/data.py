@@ -29,7 +29,7 @@ import torch
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json, read_json
-from gradfidelity.studies.local.settings import CorpusConfig  # noqa: F401 - re-exported: data's config
+from gradfidelity.studies.local.config import Corpora, CorpusConfig
 
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
 ENWIK8_SIZE = 100_000_000
@@ -288,8 +288,28 @@ def concat_tree(root: Path, suffix: str, out: Path) -> str:
     return md5_of(out)
 
 
+def concat_tree_checked(root: Path, suffix: str, out: Path, md5: str = "") -> str:
+    """`concat_tree`, then its MD5 checked against `md5` when given (a mismatch removes the file): the `local-corpus`
+    job."""
+    digest = concat_tree(root, suffix, out)
+    if md5 and digest != md5:
+        out.unlink()
+        raise UserError(f"{out}: MD5 {digest}, expected {md5} (another release of the package under "
+                        f"{root}? see docs/sources.md, Study C)")
+    print(f"{out}: MD5 {digest}")
+    return digest
+
+
+def prepare_configured(corpus: str, corpora: Corpora, out: Path) -> None:
+    """The `local-data` job: `prepare` the corpus with its entry of local.corpora."""
+    cfg = corpora.get(corpus)
+    if cfg is None:
+        raise UserError(f"local.corpora has no entry '{corpus}'")
+    prepare(corpus, cfg, out)
+
+
 def prepare(corpus: str, cfg: CorpusConfig, out: Path) -> None:
-    """The one entry point the CLI calls."""
+    """Split one corpus into `out` as its config says."""
     if cfg.source == "file":
         prepare_file(corpus, Path(cfg.path), out, tuple(cfg.split), cfg.md5)
     elif cfg.source == "embedded":

@@ -9,9 +9,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from gradfidelity.claims.registry import interval_level
 from gradfidelity.plots import new_figure, save_figure, style_axes
 from gradfidelity.studies.local.aggregate import LABEL
-from gradfidelity.studies.local.settings import ASYNC, LocalSettings
+from gradfidelity.studies.local.config import ASYNC, StudyConfig
+from gradfidelity.studies.local.stats import main_table
 
 
 def _log_ratio_axis(axis) -> None:
@@ -25,7 +27,7 @@ def _log_ratio_axis(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def frontier_figure(main: pd.DataFrame, s: LocalSettings, path: Path) -> None:
+def frontier_figure(main: pd.DataFrame, s: StudyConfig, path: Path) -> None:
     sub = main[main.width == s.main_width]
     corpora = sorted(sub.corpus.unique())
     fig, axes = new_figure(ncols=max(1, len(corpora)), width=4.2, height=3.4)
@@ -48,7 +50,8 @@ def frontier_figure(main: pd.DataFrame, s: LocalSettings, path: Path) -> None:
         ax.set_xscale("log")  # ratios; with few seeds the t intervals can span decades
         _log_ratio_axis(ax.xaxis)
         style_axes(ax, title=f"{corpus} ({c.source.iloc[0]}), width {s.main_width}",
-                   xlabel="throughput / BP (paired 95% CI)", ylabel="mean gap % vs BP (dotted: 95% upper bound)")
+                   xlabel=f"throughput / BP (paired {interval_level():.0%} CI)",
+                   ylabel="mean gap % vs BP (dotted: 95% upper bound)")
         ax.legend(fontsize=6)
     save_figure(fig, path, caption="Quality-throughput-memory frontier: marker area ~ peak process-tree PSS; "
                 "red dashed line: the 1% non-inferiority margin.")
@@ -72,12 +75,12 @@ def width_figure(main: pd.DataFrame, path: Path) -> None:
                "in budget)")
     style_axes(axes[0][1], title="quality gap vs width", xlabel="width", ylabel="mean gap % vs BP")
     axes[0][0].legend(fontsize=6)
-    save_figure(fig, path, caption="Async speed-up (paired 95% CI) and mean bits-per-byte gap against BP by width.")
+    save_figure(fig, path, caption=f"Async speed-up (paired {interval_level():.0%} CI) and mean bits-per-byte gap "
+                "against BP by width.")
 
 
-def write_figures(df: pd.DataFrame, s: LocalSettings, frontier: Path, scaling: Path) -> None:
-    from gradfidelity.studies.local.tables import main_table
-
+def write_figures(df: pd.DataFrame, s: StudyConfig, frontier: Path, scaling: Path) -> None:
+    """Reads main_width and margin_pct of the config."""
     main = main_table(df, s)
     frontier_figure(main, s, frontier)
     width_figure(main, scaling)

@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gradfidelity.studies.local.config import TrainConfig
 from gradfidelity.studies.local.data import eval_offsets, get_batch
 from gradfidelity.studies.local.model import VOCAB, ByteTransformer, Readout, Stage, partition
-from gradfidelity.studies.local.settings import TrainConfig
 
 KIND = {"bp": "bp", "bp_tm": "bp", "live_local": "live", "broadcast_serial": "broadcast",
         "rgc_serial": "rgc", "broadcast_async": "broadcast", "rgc_async": "rgc"}

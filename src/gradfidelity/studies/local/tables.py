@@ -1,182 +1,25 @@
-"""Tidy CSV -> the per-cell statistics and the two paper tables of study C (main, mechanism).
-
-The statistics are the paper's prespecified ones (its protocol is summarised in docs/sources.md, section
-"Study C"), computed with `gradfidelity.stats`: per paired seed gap% = 100 (bpb_method - bpb_BP) / bpb_BP;
-non-inferior iff the one-sided 95% upper bound of the mean gap <= margin (1 point); throughput ratio = geometric
-mean of per-seed ratios with a paired 95% t interval on the log scale; seeds for 80% power from the observed mean
-and sd. A cell's "joint" verdict (our reading of the paper's "met their joint criteria") = non-inferior AND the
-lower end of the throughput CI above 1 AND no diverged seed.
-
-Fair baseline: "best BP within the budget" is the faster (geometric mean tokens/s over its finished seeds) of BP at
-`bp_threads` and BP at the async run's whole thread budget (`bp_tm`, n_stages x threads_per_stage); both are
-measured on every seed and the table names the choice and both rates. On an oversubscribed 2-core machine BP on 2
-threads can be slower than on 1 (round 1: 13.9k vs 20.6k tokens/s), so "thread-matched" alone would flatter the
-async method.
-
-A diverged run is never averaged away: its seed is dropped from the statistics, the tables count it
-(`diverged_seeds`), and the method's verdict fails.
-
-Speed-up decomposition (async methods, per seed, then the geometric mean), with T_bp = BP's training wall time,
-B_s = busy (compute) time of stage s, W = the async run's wall time:
-  speed-up T_bp / W = (T_bp / sum B_s) x (sum B_s / max B_s) x (max B_s / W)
-                       work ratio         parallelism         orchestration efficiency
-and load imbalance = max B_s / mean B_s (1 = perfectly balanced; parallelism = S / imbalance).
-"""
+"""The two paper tables of study C (main, mechanism): the per-cell statistics of `stats.py`, formatted; nothing is
+computed here. The CSV keeps every column; the Markdown view joins each estimate with its interval, labelled with
+the registry's interval level (the level `stats.py` computes the ratio intervals at). The main table's note on the
+speed-up decomposition says "see tables.py" (kept, so the table's text is unchanged): its definition is in the
+docstring of stats.py."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
+from gradfidelity.claims.registry import interval_level
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
-from gradfidelity.stats import equivalence_tost, noninferiority, paired_ratio_ci, seeds_for_power
-from gradfidelity.studies.local.aggregate import LABEL, paired, source_of
-from gradfidelity.studies.local.settings import ASYNC, SERIAL_LOCAL, LocalSettings
+from gradfidelity.studies.local.aggregate import LABEL
+from gradfidelity.studies.local.config import StudyConfig
+from gradfidelity.studies.local.stats import main_table, mechanism_table
 from gradfidelity.tables import markdown
 
 
-def _ratio(a: np.ndarray, b: np.ndarray) -> dict:
-    if len(a) >= 2:
-        r = paired_ratio_ci(a, b)
-        return {"ratio": r.ratio, "low": r.low, "high": r.high}
-    if len(a) == 1:
-        return {"ratio": float(a[0] / b[0]), "low": math.nan, "high": math.nan}
-    return {"ratio": math.nan, "low": math.nan, "high": math.nan}
-
-
-def best_bp(cell: pd.DataFrame) -> dict:
-    """The faster BP of one (corpus, width) cell among bp and bp_tm (geometric mean tokens/s over finished seeds)."""
-    rates = {}
-    for m in ("bp", "bp_tm"):
-        ok = cell[(cell.method == m) & (cell.status == "ok")]
-        if len(ok):
-            rates[m] = (float(np.exp(np.mean(np.log(ok.tokens_per_s.to_numpy(float))))),
-                        float(ok.compute_threads.max()))
-    if not rates:
-        return {"method": "bp", "threads": math.nan, "rates": {}}
-    best = max(rates, key=lambda m: rates[m][0])
-    return {"method": best, "threads": rates[best][1], "rates": rates}
-
-
-def _decomposition(df: pd.DataFrame, method: str) -> dict:
-    a = df[(df.method == method) & (df.status == "ok")].set_index("seed")
-    b = df[(df.method == "bp") & (df.status == "ok")].set_index("seed")
-    parts = []
-    for seed in sorted(set(a.index) & set(b.index)):
-        if not a.at[seed, "stage_busy_s"]:
-            continue
-        busy = np.array(json.loads(a.at[seed, "stage_busy_s"]))
-        t_bp, wall = float(b.at[seed, "train_s"]), float(a.at[seed, "train_s"])
-        parts.append({"work_ratio": t_bp / busy.sum(), "parallelism": busy.sum() / busy.max(),
-                      "orchestration_eff": busy.max() / wall, "imbalance": busy.max() / busy.mean()})
-    if not parts:
-        return {}
-    return {k: float(np.exp(np.mean(np.log([p[k] for p in parts])))) for k in parts[0]}
-
-
-def seeds_80pct(mean: float, sd: float, margin: float) -> float:
-    """Paired seeds for 80% power (exact noncentral t from gradfidelity.stats). Where statsmodels' solver fails
-    (very large or tiny effects), fall back to the normal approximation ((z_.95 + z_.80) sd / (margin - mean))^2."""
-    if not sd > 0:
-        return math.nan
-    try:
-        return float(seeds_for_power(mean, sd, margin)["exact_t"])
-    except ValueError:
-        if margin <= mean:
-            return math.inf
-        return float(math.ceil(((stats.norm.ppf(0.95) + stats.norm.ppf(0.80)) * sd / (margin - mean)) ** 2))
-
-
-def gaps_pct(m: np.ndarray, b: np.ndarray, margin: float) -> np.ndarray:
-    """Per-seed gap% = 100 (method - BP) / BP (from gradfidelity.stats.noninferiority where n >= 2)."""
-    if len(m) >= 2:
-        return np.array(noninferiority(m, b, margin).gaps_pct)
-    return 100.0 * (m - b) / b
-
-
-def cell_stats(df: pd.DataFrame, method: str, margin: float) -> dict:
-    """Everything the main table says about one method in one (corpus, width) cell."""
-    al = paired(df, method, "bp", "val_bpb")
-    m_bpb, b_bpb = al.values
-    n, lost = al.n, len(al.diverged)
-    out = {"n": n, "diverged_seeds": lost,
-           "diverged_which": "; ".join(f"seed {k}: {', '.join(a)}" for k, a in sorted(al.diverged.items()))}
-    if n >= 2:
-        ni = noninferiority(m_bpb, b_bpb, margin)
-        out.update(mean_gap_pct=ni.mean_gap_pct, sd_gap_pct=ni.sd_gap_pct, upper_pct=ni.upper_pct,
-                   non_inferior=ni.non_inferior)
-        out["seeds_80pct"] = seeds_80pct(ni.mean_gap_pct, ni.sd_gap_pct, margin)
-    elif n == 1:
-        out.update(mean_gap_pct=float(gaps_pct(m_bpb, b_bpb, margin)[0]), upper_pct=math.nan)
-    if len(m_bpb):
-        out.update(bpb_method=float(np.mean(m_bpb)), bpb_bp=float(np.mean(b_bpb)))
-    r = _ratio(*paired(df, method, "bp", "tokens_per_s").values)
-    out.update(ratio_vs_bp=r["ratio"], ratio_low=r["low"], ratio_high=r["high"])
-    if method in ASYNC:
-        best = best_bp(df)
-        r = _ratio(*paired(df, method, best["method"], "tokens_per_s").values)
-        out.update(best_bp=best["method"], best_bp_threads=best["threads"],
-                   bp_rates=", ".join(f"{k} {v[1]:g} thr {v[0]:.4g} tok/s" for k, v in best["rates"].items()),
-                   ratio_vs_best=r["ratio"], best_low=r["low"], best_high=r["high"])
-        if (df.method == "bp_tm").any():
-            r = _ratio(*paired(df, method, "bp_tm", "tokens_per_s").values)
-            out.update(ratio_vs_tm=r["ratio"], tm_low=r["low"], tm_high=r["high"])
-        out.update(_decomposition(df, method))
-    ok_rows = df[(df.status == "ok")]
-    out["pss_bp_gib"] = ok_rows[ok_rows.method == "bp"].peak_pss_gib.mean()
-    out["pss_method_gib"] = ok_rows[ok_rows.method == method].peak_pss_gib.mean()
-    out["idle_pss_gib"] = ok_rows.idle_pss_gib.mean() if "idle_pss_gib" in ok_rows else math.nan
-    out["threads_bp"] = ok_rows[ok_rows.method == "bp"].compute_threads.max()
-    out["threads_method"] = ok_rows[ok_rows.method == method].compute_threads.max()
-    if lost:
-        out["verdict"] = f"fails: diverged on {lost} seed(s)"
-    elif n < 2:
-        out["verdict"] = "no verdict (n < 2 seeds)"
-    else:
-        out["verdict"] = "non-inferior" if out["non_inferior"] else "not non-inferior"
-    faster = out.get("ratio_low", math.nan) > 1
-    out["joint"] = bool(out.get("non_inferior", False) and faster and not lost)
-    return out
-
-
-def main_table(df: pd.DataFrame, s: LocalSettings) -> pd.DataFrame:
-    rows = []
-    for (corpus, width), cell in df.groupby(["corpus", "width"]):
-        for method in [m for m in (*ASYNC, *SERIAL_LOCAL) if (cell.method == m).any()]:
-            st = cell_stats(cell, method, s.margin_pct)
-            rows.append({"corpus": corpus, "source": source_of(cell), "width": width, "method": method, **st})
-    return pd.DataFrame(rows)
-
-
-def mechanism_table(df: pd.DataFrame, s: LocalSettings) -> pd.DataFrame:
-    rows = []
-    for (corpus, width), cell in df.groupby(["corpus", "width"]):
-        if not (cell.method == "live_local").any():
-            continue
-        for method in [m for m in SERIAL_LOCAL if (cell.method == m).any()]:
-            runs = cell[cell.method == method]
-            ok = runs[runs.status == "ok"]
-            row = {"corpus": corpus, "source": source_of(cell), "width": width, "method": method, "n": len(ok),
-                   "diverged": int((runs.status == "diverged").sum()), "mean_bpb": ok.val_bpb.mean(),
-                   "sd_bpb": ok.val_bpb.std(ddof=1), "tokens_per_s": ok.tokens_per_s.mean()}
-            st = cell_stats(cell, method, s.margin_pct)
-            row.update({"mean_gap_vs_bp_pct": st.get("mean_gap_pct"), "upper_pct": st.get("upper_pct")})
-            if method != "live_local":
-                a, b = paired(cell, method, "live_local", "val_bpb").values
-                row["minus_live_local_bpb"] = float(np.mean(a - b)) if len(a) else math.nan
-                if len(a) >= 2:
-                    e = equivalence_tost(a, b, s.equivalence_bpb)
-                    row.update(tost90_low=e["ci_low"], tost90_high=e["ci_high"], equivalent=e["equivalent"])
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------------------------- writing
 def _fmt(df: pd.DataFrame) -> pd.DataFrame:
     out = df.copy()
     if len(out):
@@ -192,6 +35,7 @@ def _ci(r, mid: str, lo: str, hi: str) -> str:
 
 def _readable_main(main: pd.DataFrame) -> pd.DataFrame:
     """The Markdown view: CIs as one cell, the decomposition as one cell; the CSV keeps every column."""
+    ci = f"{interval_level():.0%} CI"
     rows = []
     for _, r in main.iterrows():
         dec = (f"{r['work_ratio']:.2f} x {r['parallelism']:.2f} x {r['orchestration_eff']:.2f} "
@@ -203,9 +47,9 @@ def _readable_main(main: pd.DataFrame) -> pd.DataFrame:
             "corpus": f"{r.corpus} ({r.source})", "width": r.width, "method": LABEL[r.method], "n": r.n,
             "diverged": r.diverged_seeds,
             "threads (BP/method)": f"{r.threads_bp:g}/{r.threads_method:g}",
-            "x BP (95% CI)": _ci(r, "ratio_vs_bp", "ratio_low", "ratio_high"),
+            f"x BP ({ci})": _ci(r, "ratio_vs_bp", "ratio_low", "ratio_high"),
             "best BP in budget": best,
-            "x best BP (95% CI)": _ci(r, "ratio_vs_best", "best_low", "best_high"),
+            f"x best BP ({ci})": _ci(r, "ratio_vs_best", "best_low", "best_high"),
             "work x parallel x orch.": dec,
             "PSS GiB (idle/BP/method)": f"{r.idle_pss_gib:.3f}/{r.pss_bp_gib:.3f}/{r.pss_method_gib:.3f}",
             "bpb (BP/method)": (f"{r['bpb_bp']:.3f}/{r['bpb_method']:.3f}"
@@ -227,7 +71,8 @@ SOURCE_NOTE = ("corpus source `embedded` = the deterministic built-in stand-in c
                "is in the data folder's meta.json and in docs/sources.md)")
 
 
-def write_tables(df: pd.DataFrame, s: LocalSettings, out: dict[str, Path]) -> None:
+def write_tables(df: pd.DataFrame, s: StudyConfig, out: dict[str, Path]) -> None:
+    """Reads train, margin_pct and equivalence_bpb of the config."""
     main = main_table(df, s)
     mech = mechanism_table(df, s)
     t = s.train
@@ -239,9 +84,9 @@ def write_tables(df: pd.DataFrame, s: LocalSettings, out: dict[str, Path]) -> No
             f"thread-matched BP {t.async_threads} threads",
             "n = paired seeds in the statistics; diverged = paired seeds dropped because BP or the method diverged "
             f"(their runs are listed in {out['aggregate']}); a diverged seed fails the method's verdict",
-            "ratio = geometric mean of per-seed throughput ratios, (low-high) = paired 95% CI; best BP in budget = "
-            "the faster of BP and thread-matched BP in this cell (both measured on every seed; their rates are "
-            "in the CSV column bp_rates); upper = one-sided 95% upper bound of the mean gap; margin "
+            f"ratio = geometric mean of per-seed throughput ratios, (low-high) = paired {interval_level():.0%} CI; "
+            "best BP in budget = the faster of BP and thread-matched BP in this cell (both measured on every seed; "
+            "their rates are in the CSV column bp_rates); upper = one-sided 95% upper bound of the mean gap; margin "
             f"{s.margin_pct}%; joint = non-inferior and CI low (x BP) > 1 and no diverged seed",
             "work x parallel x orch. = T_BP / sum(stage busy) x sum(busy) / max(busy) x max(busy) / wall = the "
             "speed-up over BP; imb. = max/mean stage busy time (see tables.py)",

@@ -1,11 +1,11 @@
 """Run directories (the rule's {input}) -> one tidy CSV: one row per table cell (model, variant, method, seed).
 
-An aggregation reads the files it is given and their stored metadata, never the path layout: each run's model,
-variant (the infrastructure its directory ran on) and method come from its provenance.json (`config`, written by
-the harness for ok and diverged runs alike), its status, seed and scale from metrics.json through the one harness
-loader (runs of another scale refused). `plan.cell_run` says which run a table cell reads: the truncated
-SFT-then-RL reads the sft_then_rl run's `truncated` block, and a `both` cell none of whose stages runs on buggy
-infrastructure reads the fixed run (`run_variant` says which).
+An aggregation reads the files it is given, never the path layout: each run's identity comes from its records
+through the one harness loader (runs of another scale refused): its plan cell (`harness.results.cell_of`: the
+rule's wildcards model, variant, method and seed, and the stage the runner ran, written into metrics.json by the
+harness for ok and diverged runs alike), its status and metrics from metrics.json. `plan.cell_run` says which run a
+table cell reads: the truncated SFT-then-RL reads the sft_then_rl run's `truncated` block, and a `both` cell none of
+whose stages runs on buggy infrastructure reads the fixed run (`run_variant` says which).
 
 Diverged runs keep their rows (status "diverged", empty metric cells): the tables count them, the claims drop
 their pairs and say so.
@@ -22,7 +22,7 @@ import pandas as pd
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv
-from gradfidelity.harness.results import load_run_records, read_provenance
+from gradfidelity.harness.results import cell_of, load_run_records
 from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import EVAL_SETS
@@ -35,16 +35,14 @@ COLUMNS = ("model", "variant", "method", "seed", "run", "run_variant", "status",
 
 
 def _identity(rec: dict) -> tuple[str, str, str, int]:
-    """(model, variant, method, seed) of one run, from its stored metadata."""
-    prov = Path(rec["run_dir"]) / "provenance.json"
-    c = read_provenance(rec).get("config") or {}
-    stage = c.get("stage")
-    if stage not in ("sft", "rl") or not {"model", "variant"} <= set(c) or (stage == "rl" and "method" not in c):
-        raise UserError(f"{prov}: config lacks stage (sft or rl), model, variant or method: not an sft_rl "
-                        "training run")
-    if rec.get("seed") is None:
-        raise UserError(f"{rec['path']}: no seed recorded")
-    return c["model"], c["variant"], "sft" if stage == "sft" else c["method"], int(rec["seed"])
+    """(model, variant, method, seed) of one run, from its plan cell."""
+    cell = cell_of(rec)
+    stage = cell.get("stage")
+    need = {"model", "variant", "seed"} | ({"method"} if stage == "rl" else set())
+    if cell["study"] != "sft_rl" or stage not in ("sft", "rl") or not need <= set(cell):
+        raise UserError(f"{rec['path']}: cell {cell} is not an sft_rl training run's (stage sft or rl, with model, "
+                        "variant, seed and, for rl, method)")
+    return cell["model"], cell["variant"], "sft" if stage == "sft" else cell["method"], int(cell["seed"])
 
 
 def _cell(rec: dict, method: str) -> dict:
@@ -77,8 +75,8 @@ def collect(cfg: StudyConfig, records: list[dict]) -> pd.DataFrame:
     rows = []
     for model in (m.name for m in cfg.models):
         for seed in cfg.seeds:
-            for variant, method in plan.table_cells(cfg.raw):
-                run_variant, run_method = plan.cell_run(cfg.raw, variant, method)
+            for variant, method in plan.table_cells(cfg):
+                run_variant, run_method = plan.cell_run(cfg, variant, method)
                 rec = runs.get((model, run_variant, run_method, int(seed)))
                 if rec is None:
                     raise UserError(f"missing run: {model} {run_variant}/{run_method} seed {seed} (the "

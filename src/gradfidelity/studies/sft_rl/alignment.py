@@ -71,11 +71,13 @@ def sft_trainer(cfg: StudyConfig, base: Path, trainer_dir: Path, seed: int = 0):
     return GFSFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
 
 
-def run_alignment(cfg: StudyConfig, model_name: str, base: Path, out: Path, seed: int = 0) -> dict:
+def run_alignment(cfg: StudyConfig, model_name: str, base: Path, out: Path, seed: int = 0,
+                  cell: dict | None = None) -> dict:
     """The alignment run: `cfg.alignment_windows` Gram matrices in `out/metrics.json` (harness Run)."""
     s, windows = cfg.sft, cfg.alignment_windows
-    run_cfg = {"stage": "alignment", "model": model_name, **cfg.raw}
-    with Run(out, study=STUDY, config=run_cfg, seed=seed, threads=cfg.threads) as run, \
+    run_cfg = {"stage": "alignment", "model": model_name, **cfg.record()}
+    with Run(out, study=STUDY, config=run_cfg, seed=seed, threads=cfg.threads,
+             cell={**(cell or {}), "stage": "alignment"}) as run, \
             tempfile.TemporaryDirectory(prefix="gf_align_") as tmp:
         trainer = sft_trainer(cfg, base, Path(tmp), seed)
         grams = window_grams(trainer, windows, s.grad_accum)

@@ -29,6 +29,8 @@ from gradfidelity.claims.evidence import (
     weakest,
     with_parts,
 )
+from gradfidelity.claims.verdict import Verdict
+from gradfidelity.stats.intervals import one_sided_p
 from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.baseline import GATE, GATE_MARGIN, constant_baseline
 from gradfidelity.studies.sft_rl.config import StudyConfig
@@ -145,17 +147,16 @@ def _holm(pvalues: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _one_sided_p(rec: dict, n_pairs: int) -> float:
-    """One-sided p-value of 'difference > 0' from a t record (its interval gives the standard error)."""
-    from scipy import stats
+def _one_sided_p(rec: dict, diffs: np.ndarray) -> float:
+    """One-sided p-value of 'difference > 0': the one-sample t test of the paired differences behind `rec`.
 
-    if rec["estimate"] is None or rec.get("low") is None or n_pairs < 2:
+    Where the record has no interval (one pair) the test cannot speak (p = 1); where the interval has zero width
+    (identical differences) the test degenerates and the sign decides, as the interval does."""
+    if rec["estimate"] is None or rec.get("low") is None or len(diffs) < 2:
         return 1.0
-    half = (rec["high"] - rec["low"]) / 2
-    if half <= 0:
+    if rec["high"] - rec["low"] <= 0:
         return 0.0 if rec["estimate"] > 0 else 1.0
-    se = half / stats.t.ppf(0.5 + rec["level"] / 2, n_pairs - 1)
-    return float(stats.t.sf(rec["estimate"] / se, n_pairs - 1))
+    return one_sided_p(diffs, "greater")
 
 
 def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, tables: dict) -> dict:
@@ -208,7 +209,8 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
         if not measured:
             vals["A8"] = dict(weakest(recs), gates=gates)
         else:
-            pv = _holm({m: _one_sided_p(r, r["n"]) for m, r in measured.items()})
+            diffs = {m: np.subtract(*_pair(mixed_both[m], s_both).values) for m in measured}
+            pv = _holm({m: _one_sided_p(r, diffs[m]) for m, r in measured.items()})
             best = max(measured, key=lambda m: _t_stat(measured[m]))
             def show(m, r):
                 if r["estimate"] is None:
@@ -283,7 +285,7 @@ def _summary(rec: dict) -> str:
     if rec.get("parts"):
         return ", ".join(f"{k} {_summary(v)}" for k, v in rec["parts"].items())
     if rec["estimate"] is None:
-        return "not measured"
+        return Verdict.NOT_MEASURED
     if rec.get("low") is None or rec.get("exact"):
         return f"{rec['estimate']:.4g} (n={rec['n']})"
     return f"{rec['estimate']:.4g} [{rec['low']:.4g}, {rec['high']:.4g}] (n={rec['n']})"

@@ -1,57 +1,59 @@
-"""Subcommands of the sft_rl study (called by workflow/rules/sft_rl.smk)."""
+"""Subcommands of the sft_rl study (called by workflow/rules/sft_rl.smk): argparse glue, no logic.
+
+Every subcommand's `--cfg` is the part of the validated sft_rl section its job reads (rules.JOB_KEYS); the training
+subcommands write their run directory (`--run-dir`) and record the rule's wildcards (`--cell`) as the run's identity.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from gradfidelity.config import cfg_from_json
-from gradfidelity.errors import UserError
+from gradfidelity.harness.cli_args import add_run_args
+from gradfidelity.studies.sft_rl.plan import RL_STAGE, TABLES, VARIANTS
 
 
-def _cfg(args):
-    from gradfidelity.studies.sft_rl.config import StudyConfig
+def _cfg(args, job: str):
+    from gradfidelity.studies.sft_rl.config import load_job
+    from gradfidelity.studies.sft_rl.rules import JOB_KEYS
 
-    return StudyConfig.from_dict(cfg_from_json(args.cfg, "sft_rl"))
+    return load_job(cfg_from_json(args.cfg, "sft_rl"), JOB_KEYS[job])
 
 
 def _pretrain(args) -> int:
     from gradfidelity.studies.sft_rl.train import run_pretrain
 
-    run_pretrain(_cfg(args), args.model, Path(args.out))
+    run_pretrain(_cfg(args, "pretrain"), args.model, Path(args.run_dir), cell=args.cell)
     return 0
 
 
 def _sft(args) -> int:
     from gradfidelity.studies.sft_rl.train import run_sft
 
-    cfg = _cfg(args)
-    if args.variant not in cfg.variants:
-        raise UserError(f"--variant {args.variant!r} is not in sft_rl.variants {list(cfg.variants)}")
-    run_sft(cfg, args.model, args.variant, args.seed, Path(args.base), Path(args.out))
+    run_sft(_cfg(args, "sft"), args.model, args.variant, args.seed, Path(args.base), Path(args.run_dir),
+            cell=args.cell)
     return 0
 
 
 def _alignment(args) -> int:
     from gradfidelity.studies.sft_rl.alignment import run_alignment
 
-    run_alignment(_cfg(args), args.model, Path(args.base), Path(args.out))
+    run_alignment(_cfg(args, "alignment"), args.model, Path(args.base), Path(args.run_dir), cell=args.cell)
     return 0
 
 
 def _rl(args) -> int:
     from gradfidelity.studies.sft_rl.train import run_rl
 
-    cfg = _cfg(args)
-    if args.method not in cfg.methods:
-        raise UserError(f"--method {args.method!r} is not in sft_rl.methods {list(cfg.methods)}")
-    run_rl(cfg, args.model, args.variant, args.method, args.seed, Path(args.init), Path(args.out))
+    run_rl(_cfg(args, "rl"), args.model, args.variant, args.method, args.seed, Path(args.init), Path(args.run_dir),
+           cell=args.cell)
     return 0
 
 
 def _aggregate(args) -> int:
     from gradfidelity.studies.sft_rl.aggregate import write_aggregate
 
-    write_aggregate(_cfg(args), args.runs, args.scale, Path(args.out))
+    write_aggregate(_cfg(args, "aggregate"), args.runs, args.scale, Path(args.out))
     return 0
 
 
@@ -59,8 +61,8 @@ def _tables(args) -> int:
     from gradfidelity.studies.sft_rl.aggregate import read_aggregate
     from gradfidelity.studies.sft_rl.tables import write_tables
 
-    cfg = _cfg(args)
-    write_tables(read_aggregate(args.aggregate), cfg, *(Path(getattr(args, k)) for k in _TABLE_ARGS))
+    cfg = _cfg(args, "tables")
+    write_tables(read_aggregate(args.aggregate), cfg, *(Path(getattr(args, k)) for k in TABLES))
     return 0
 
 
@@ -68,7 +70,7 @@ def _figures(args) -> int:
     from gradfidelity.studies.sft_rl.aggregate import read_aggregate
     from gradfidelity.studies.sft_rl.figures import write_figures
 
-    cfg = _cfg(args)
+    cfg = _cfg(args, "figures")
     write_figures(read_aggregate(args.aggregate), cfg, Path(args.score_vs_flops), Path(args.reward_curves))
     return 0
 
@@ -78,17 +80,14 @@ def _claims(args) -> int:
     from gradfidelity.studies.sft_rl.aggregate import read_aggregate
     from gradfidelity.studies.sft_rl.claims import claims
 
-    cfg = _cfg(args)
+    cfg = _cfg(args, "claims")
     tables = {"main": [args.main_csv, args.main_md], "ablation": [args.abl_csv, args.abl_md]}
     atomic_write_json(Path(args.out), claims(read_aggregate(args.aggregate), cfg, args.scale, tables))
     return 0
 
 
-_TABLE_ARGS = ("main_csv", "main_md", "abl_csv", "abl_md")
-
-
 def _table_paths(p) -> None:
-    for k in _TABLE_ARGS:
+    for k in TABLES:
         p.add_argument(f"--{k.replace('_', '-')}", required=True, dest=k)
 
 
@@ -101,35 +100,35 @@ def _probe(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("sft-rl-pretrain", help="sft_rl: pretrain the tiny base model on unlabeled task text")
-    p.add_argument("--cfg", required=True, help="the sft_rl config section as JSON")
+    p.add_argument("--cfg", required=True, help="the sft_rl sections the job reads, as JSON (rules.JOB_KEYS)")
     p.add_argument("--model", required=True)
-    p.add_argument("--out", required=True, help="run directory")
+    add_run_args(p)
     p.set_defaults(func=_pretrain)
 
     p = sub.add_parser("sft-rl-sft", help="sft_rl: SFT (TRL SFTTrainer) on one infrastructure variant")
     p.add_argument("--cfg", required=True)
     p.add_argument("--model", required=True)
-    p.add_argument("--variant", required=True)
+    p.add_argument("--variant", required=True, choices=VARIANTS)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--base", required=True, help="run directory of the base model")
-    p.add_argument("--out", required=True)
+    add_run_args(p)
     p.set_defaults(func=_sft)
 
     p = sub.add_parser("sft-rl-rl", help="sft_rl: an RL-stage method (TRL GRPOTrainer or a mixed-policy subclass)")
     p.add_argument("--cfg", required=True)
     p.add_argument("--model", required=True)
-    p.add_argument("--variant", required=True)
-    p.add_argument("--method", required=True)
+    p.add_argument("--variant", required=True, choices=VARIANTS)
+    p.add_argument("--method", required=True, choices=RL_STAGE)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--init", required=True, help="run directory of the starting model (base or SFT)")
-    p.add_argument("--out", required=True)
+    add_run_args(p)
     p.set_defaults(func=_rl)
 
     p = sub.add_parser("sft-rl-alignment", help="sft_rl: Gram matrices of real SFT micro-batch gradients (for A3)")
     p.add_argument("--cfg", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--base", required=True, help="run directory of the base model")
-    p.add_argument("--out", required=True, help="run directory")
+    add_run_args(p)
     p.set_defaults(func=_alignment)
 
     p = sub.add_parser("sft-rl-aggregate", help="sft_rl: the runs -> one tidy CSV (one row per table cell and seed)")
@@ -162,5 +161,5 @@ def register(sub) -> None:
 
     p = sub.add_parser("sft-rl-probe", help="sft_rl: one SGD step through the SFT trainer + DeepSpeed path")
     p.add_argument("--variant", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="a folder: one run directory per variant, the base model, probe.pt")
     p.set_defaults(func=_probe)

@@ -1,142 +1,170 @@
-"""Typed configuration of the study (config/<scale>/sft_rl.yaml, validated first by the JSON schema).
+"""The study's typed configuration: one frozen dataclass tree, built by `gradfidelity.config.build`.
 
-Rules pass the sub-sections a job depends on as one JSON string (workflow.job_cfg: a training job never sees
-`seeds`, `methods` or a later stage's settings, so editing them reruns only the jobs they change);
-`StudyConfig.from_dict` turns it into frozen dataclasses (absent sections take their defaults) and raises
-UserError naming the key for anything the schema cannot express (cross-field checks).
+Why this shape:
+- The schema (workflow/schemas/sft_rl.schema.yaml) is the one place of every type, enum, range and default, so no
+  field here has a default; `load` validates a whole section against it (filling its defaults) and builds the tree.
+  What the schema cannot express (a lower bound not above its upper bound, unique model names, luffy data needing
+  its files) is checked in `__post_init__`, raising UserError naming the key, when the workflow loads the config.
+- A job gets only the sub-sections it reads (rules.JOB_KEYS: editing any other key does not rerun it). `load_job`
+  builds exactly those, from the section the workflow already validated and filled; every other section is None,
+  so a job that reads a section it was not given fails loudly instead of running on a default.
+Torch-free: the workflow and the plan import it at parse time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
 
+from gradfidelity import config as shared
 from gradfidelity.errors import UserError
-from gradfidelity.studies.sft_rl import plan
-from gradfidelity.studies.sft_rl.infra import VARIANTS, DeepSpeedConfig
-from gradfidelity.studies.sft_rl.models import ModelConfig
-from gradfidelity.studies.sft_rl.paper import DataConfig
-from gradfidelity.studies.sft_rl.task import TaskConfig
 
-METHODS = ("sft", "rl", "sft_then_rl", "sft_then_rl_truncated", "luffy", "srft", "relift", "hpt")
-MIXED = plan.MIXED
-RL_STAGE = plan.RL_STAGE  # methods with their own GRPO run
-STAGES = ("sft", "rl")
+STUDY = "sft_rl"
 
 
-def _build(cls, d: dict, key: str):
-    unknown = set(d) - set(cls.__dataclass_fields__)
-    if unknown:
-        raise UserError(f"sft_rl.{key}: unknown key(s) {sorted(unknown)}")
-    return cls(**d)
+@dataclass(frozen=True)
+class ModelConfig:
+    """One entry of `models`: a tiny model built here, or (hub_id set) a paper model loaded by hub id, whose other
+    fields are then ignored."""
+
+    name: str
+    arch: str                 # qwen2 | llama
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_position: int
+    hub_id: str | None
+
+    def __post_init__(self):
+        if self.hub_id is None and self.hidden_size % self.num_heads:
+            raise UserError(f"sft_rl.models[{self.name}]: hidden_size must be divisible by num_heads")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """`task`: sizes and difficulty of each split of the arithmetic task (task.py)."""
+
+    seed: int
+    modulus: int
+    n_train: int
+    n_eval: int
+    train_ops: tuple[int, int]            # inclusive range of operators per chain (train and `id`)
+    long_ops: tuple[int, int]             # the `long` set
+    n_pretrain: int                       # prompt -> completion lines of pretraining text
+    pretrain_worked_ops: tuple[int, int]  # worked examples in the pretraining text are this short
+
+    def __post_init__(self):
+        for key in ("train_ops", "long_ops", "pretrain_worked_ops"):
+            lo, hi = getattr(self, key)
+            if not 1 <= lo <= hi:
+                raise UserError(f"sft_rl.task.{key}: need 1 <= lo <= hi, got {[lo, hi]}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """`data`: `arithmetic` (the generated task) or `luffy` (paper scale, paper.py). The column names differ between
+    releases, so they are keys (`fields`), not guesses in code."""
+
+    source: str
+    train: str                            # hub id or local file of the training set
+    eval: str                             # hub id or local file holding every benchmark
+    fields: dict[str, str]
+    groups: dict[str, tuple[str, ...]]    # benchmarks per evaluation set id / long / ood
+    max_train: int                        # 0: all
+
+    def __post_init__(self):
+        if self.source == "luffy" and not (self.train and self.eval):
+            raise UserError("sft_rl.data: source luffy needs data.train and data.eval")
+        if set(self.groups) != {"id", "long", "ood"}:
+            raise UserError(f"sft_rl.data.groups: need exactly id, long, ood; got {sorted(self.groups)}")
 
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    steps: int = 300
-    batch_size: int = 32
-    lr: float = 3e-3
+    steps: int
+    batch_size: int
+    lr: float
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 100              # optimizer steps
-    micro_batch_size: int = 1     # LUFFY's SFT recipe: micro batch 1 ...
-    grad_accum: int = 8           # ... and GA 8 (train batch 64 on 8 GPUs), docs/sources.md, Study A
-    lr: float = 1e-3
-    warmup_ratio: float = 0.05
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
+    steps: int                # optimizer steps
+    micro_batch_size: int     # LUFFY's SFT recipe: micro batch 1 ...
+    grad_accum: int           # ... and GA 8 (train batch 64 on 8 GPUs), docs/sources.md, Study A
+    lr: float
+    warmup_ratio: float
+    max_grad_norm: float
+    weight_decay: float
 
 
 @dataclass(frozen=True)
 class RLConfig:
-    steps: int = 40
-    prompts_per_step: int = 8
-    num_generations: int = 4
-    max_completion_length: int = 32
-    lr: float = 3e-4
-    temperature: float = 1.0
-    loss_type: str = "dapo"             # fixed: TRL's global token mean over the generation batch
-    scale_rewards: str = "group"
-    max_grad_norm: float = 1.0
-    truncated_fraction: float = 0.1     # 50 of 500 RL steps at paper scale
+    steps: int
+    prompts_per_step: int
+    num_generations: int
+    max_completion_length: int
+    lr: float
+    temperature: float
+    loss_type: str            # fixed: TRL's dapo, the global token mean over the generation batch
+    scale_rewards: str
+    max_grad_norm: float
+    truncated_fraction: float  # 50 of 500 RL steps at paper scale
 
 
 @dataclass(frozen=True)
 class MixedConfig:
-    luffy_gamma: float = 0.1
-    srft_sft_coef: float = 0.5
-    srft_pos_coef: float = 0.1
-    relift_buffer_size: int = 4
-    hpt_gate: int = 0
+    luffy_gamma: float
+    srft_sft_coef: float
+    srft_pos_coef: float
+    relift_buffer_size: int
+    hpt_gate: int
+
+
+@dataclass(frozen=True)
+class DeepSpeedConfig:
+    """`deepspeed`: the engine every training stage runs on (infra.ds_config turns it into DeepSpeed's JSON).
+
+    optimizer torch_adamw: the Trainer's torch AdamW as DeepSpeed's client optimizer (no JIT build; the bug is in the
+    gradient path, not in the optimizer); ds_cpu_adam: DeepSpeedCPUAdam as in OpenRLHF's --adam_offload.
+    bucket_size: DeepSpeed's default 5e8 suits 7B models; 0.18.9 allocates a fresh bucket every micro-step and under
+    the harness's deterministic mode torch fills every torch.empty (2 GB at 5e8): > 1 s per micro-step on a CPU, so
+    tiny models use a small bucket (no effect on the bug)."""
+
+    enabled: bool
+    zero_stage: int
+    offload_optimizer: str    # cpu | none
+    optimizer: str
+    bucket_size: int
 
 
 @dataclass(frozen=True)
 class StudyConfig:
-    models: tuple[ModelConfig, ...]
-    seeds: tuple[int, ...]
-    methods: tuple[str, ...]
-    variants: tuple[str, ...]
-    bug_stages: tuple[str, ...]
-    task: TaskConfig
-    pretrain: PretrainConfig
-    sft: SFTConfig
-    rl: RLConfig
-    mixed: MixedConfig
-    deepspeed: DeepSpeedConfig
-    data: DataConfig = field(default_factory=DataConfig)
-    threads: int = 1
-    checkpoint_every: int = 0     # optimizer steps between HF checkpoints (0: none)
-    eval_batch_size: int = 64
-    alignment_windows: int = 16  # SFT windows whose micro-batch gradient Gram matrices ds_audit's A3 reads
-    slurm: dict = field(default_factory=dict)   # mem_mb / runtime_min per training job (read by the rules)
-    ranks: int = 1  # processes per SFT / RL job (torchrun, one per GPU; read by the rules, the job reads WORLD_SIZE)
-    raw: dict = field(default_factory=dict, compare=False, repr=False)
+    """The `sft_rl` section. Every field but `models` is None in a job that was not given it (rules.JOB_KEYS)."""
 
-    @classmethod
-    def from_dict(cls, d: dict) -> StudyConfig:
-        required = ("models",)
-        missing = [k for k in required if k not in d]
-        if missing:
-            raise UserError(f"sft_rl: missing key(s) {missing}")
-        known = set(cls.__dataclass_fields__) - {"raw"}
-        unknown = set(d) - known
-        if unknown:
-            raise UserError(f"sft_rl: unknown key(s) {sorted(unknown)}")
-        d = {"seeds": [0], "methods": list(METHODS), "variants": list(VARIANTS), **d}
-        for m in d["methods"]:
-            if m not in METHODS:
-                raise UserError(f"sft_rl.methods: unknown method {m!r}; expected one of {list(METHODS)}")
-        for v in d["variants"]:
-            if v not in VARIANTS:
-                raise UserError(f"sft_rl.variants: unknown variant {v!r}; expected one of {list(VARIANTS)}")
-        for s in d.get("bug_stages", ["sft"]):
-            if s not in STAGES:
-                raise UserError(f"sft_rl.bug_stages: unknown stage {s!r}; expected a subset of {list(STAGES)}")
-        cfg = cls(
-            models=tuple(ModelConfig.from_dict(m) for m in d["models"]),
-            seeds=tuple(d["seeds"]), methods=tuple(d["methods"]), variants=tuple(d["variants"]),
-            bug_stages=tuple(d.get("bug_stages", ["sft"])),
-            task=TaskConfig.from_dict(d.get("task", {})),
-            pretrain=_build(PretrainConfig, d.get("pretrain", {}), "pretrain"),
-            sft=_build(SFTConfig, d.get("sft", {}), "sft"),
-            rl=_build(RLConfig, d.get("rl", {}), "rl"),
-            mixed=_build(MixedConfig, d.get("mixed", {}), "mixed"),
-            deepspeed=DeepSpeedConfig.from_dict(d.get("deepspeed", {})),
-            data=DataConfig.from_dict(d.get("data", {})),
-            threads=d.get("threads", 1), checkpoint_every=d.get("checkpoint_every", 0),
-            eval_batch_size=d.get("eval_batch_size", 64),
-            alignment_windows=d.get("alignment_windows", 16), slurm=d.get("slurm", {}), raw=d,
-        )
-        if not 0 < cfg.rl.truncated_fraction < 1:
-            raise UserError(f"sft_rl.rl.truncated_fraction: must be in (0, 1), got {cfg.rl.truncated_fraction}")
-        if cfg.rl.loss_type not in ("dapo", "bnpo", "grpo", "dr_grpo"):
-            raise UserError(f"sft_rl.rl.loss_type: expected dapo, bnpo, grpo or dr_grpo, got {cfg.rl.loss_type!r}")
-        if cfg.rl.num_generations < 2:
-            raise UserError("sft_rl.rl.num_generations: GRPO needs at least 2 rollouts per prompt")
-        if len({m.name for m in cfg.models}) != len(cfg.models):
+    models: tuple[ModelConfig, ...] | None
+    seeds: tuple[int, ...] | None
+    methods: tuple[str, ...] | None
+    variants: tuple[str, ...] | None
+    bug_stages: tuple[str, ...] | None
+    task: TaskConfig | None
+    pretrain: PretrainConfig | None
+    sft: SFTConfig | None
+    rl: RLConfig | None
+    mixed: MixedConfig | None
+    deepspeed: DeepSpeedConfig | None
+    data: DataConfig | None
+    threads: int | None
+    checkpoint_every: int | None   # optimizer steps between Trainer checkpoints (0: none)
+    eval_batch_size: int | None
+    alignment_windows: int | None  # SFT windows whose micro-batch gradient Gram matrices ds_audit's A3 reads
+    ranks: int | None              # processes per SFT / RL job (read by the rules; the job reads WORLD_SIZE)
+
+    def __post_init__(self):
+        if self.models is not None and len({m.name for m in self.models}) != len(self.models):
             raise UserError("sft_rl.models: model names must be unique")
-        return cfg
 
     def model(self, name: str) -> ModelConfig:
         for m in self.models:
@@ -149,9 +177,23 @@ class StudyConfig:
         """RL steps of the truncated SFT-then-RL (the same fraction of RL as 50 of the paper's steps)."""
         return max(1, round(self.rl.steps * self.rl.truncated_fraction))
 
+    def record(self) -> dict:
+        """The sections this config holds, as plain data (what a run records in provenance.json)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
-def stage_variant(cfg: StudyConfig, variant: str, stage: str) -> str:
-    """The infrastructure a stage of a `variant` cell runs on: the bugs hit only the stages in `bug_stages`
-    (default: SFT, where the published baselines were damaged: LUFFY's SFT baseline ran OpenRLHF + DeepSpeed,
-    see docs/sources.md, Study A); other stages run `fixed`."""
-    return plan.stage_variant({"bug_stages": list(cfg.bug_stages)}, variant, stage)
+
+def load(section: dict) -> StudyConfig:
+    """A whole `sft_rl` section: checked against the schema (which fills its defaults), then built. The workflow
+    calls it when it loads, so a bad key or a failed cross-field check stops it before any job."""
+    return shared.load(StudyConfig, section, STUDY)
+
+
+def load_job(section: dict, keys: Iterable[str]) -> StudyConfig:
+    """A job's part of a section (`keys`: rules.JOB_KEYS[job]), as the rule passes it: the workflow validated the whole
+    section and filled its defaults, so the part is built as it is; the sections the job is not given are None."""
+    keys = set(keys)
+    missing, extra = sorted(keys - set(section)), sorted(set(section) - keys)
+    if missing or extra:
+        raise UserError(f"sft_rl --cfg: this job reads exactly {sorted(keys)} (rules.JOB_KEYS); "
+                        f"missing {missing}, not read {extra}")
+    return shared.build(StudyConfig, section, STUDY)

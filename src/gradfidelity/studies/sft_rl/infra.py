@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.extensions import use_deepspeed_extensions_dir
+from gradfidelity.studies.sft_rl.config import DeepSpeedConfig
+from gradfidelity.studies.sft_rl.plan import VARIANTS
 
-VARIANTS = ("fixed", "ds_bug", "agg_bug", "both")
 BUGGY_DS = "0.18.9"
 
 
@@ -36,36 +37,6 @@ class Infra:
         if variant not in VARIANTS:
             raise UserError(f"sft_rl variant {variant!r}: expected one of {list(VARIANTS)}")
         return cls(variant, variant in ("ds_bug", "both"), variant in ("agg_bug", "both"))
-
-
-@dataclass(frozen=True)
-class DeepSpeedConfig:
-    """Config key `deepspeed`: the engine every training stage runs on."""
-
-    enabled: bool = True
-    zero_stage: int = 2
-    offload_optimizer: str = "cpu"      # cpu | none
-    # torch_adamw: the Trainer's torch AdamW as DeepSpeed's client optimizer (no JIT build; the bug is in the
-    # gradient path, not in the optimizer); ds_cpu_adam: DeepSpeedCPUAdam as in OpenRLHF's --adam_offload.
-    optimizer: str = "torch_adamw"
-    # Elements per reduce/all-gather bucket. DeepSpeed's default 5e8 suits 7B models; deepspeed 0.18.9 allocates a
-    # fresh bucket every micro-step, and under the harness's deterministic mode torch fills every torch.empty
-    # (2 GB at 5e8): > 1 s per micro-step on this CPU. Tiny models use a small bucket (no effect on the bug).
-    bucket_size: int = 500_000_000
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DeepSpeedConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise UserError(f"sft_rl.deepspeed: unknown key(s) {sorted(unknown)}")
-        cfg = cls(**d)
-        if cfg.zero_stage not in (0, 1, 2, 3):
-            raise UserError(f"sft_rl.deepspeed.zero_stage: expected 0-3, got {cfg.zero_stage}")
-        if cfg.offload_optimizer not in ("cpu", "none"):
-            raise UserError(f"sft_rl.deepspeed.offload_optimizer: expected cpu or none, got {cfg.offload_optimizer}")
-        if cfg.optimizer not in ("torch_adamw", "ds_cpu_adam"):
-            raise UserError(f"sft_rl.deepspeed.optimizer: expected torch_adamw or ds_cpu_adam, got {cfg.optimizer}")
-        return cfg
 
 
 def ds_config(cfg: DeepSpeedConfig, lr: float, weight_decay: float) -> dict | None:

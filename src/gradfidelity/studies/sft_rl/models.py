@@ -10,11 +10,11 @@ tokenizers (`load_pretrained`); that path is real code, dry-run only on this mac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.integrity import CorruptState, verify_manifest, write_manifest
+from gradfidelity.studies.sft_rl.config import ModelConfig
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 ALPHABET = "0123456789+-*=,# "
@@ -22,33 +22,6 @@ PAPER_MODELS = {  # config name -> hub id (the paper's two base models)
     "Qwen2.5-Math-7B": "Qwen/Qwen2.5-Math-7B",
     "Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
 }
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """One entry of config key `models` (a tiny model built here, or a paper model loaded by hub id)."""
-
-    name: str
-    arch: str = "qwen2"                  # qwen2 | llama
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 128
-    max_position: int = 256
-    hub_id: str | None = None            # set for paper models: then the fields above are ignored
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ModelConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise UserError(f"sft_rl.models[{d.get('name')}]: unknown key(s) {sorted(unknown)}")
-        cfg = cls(**d)
-        if cfg.arch not in ("qwen2", "llama"):
-            raise UserError(f"sft_rl.models[{cfg.name}].arch: expected qwen2 or llama, got {cfg.arch!r}")
-        if cfg.hub_id is None and cfg.hidden_size % cfg.num_heads:
-            raise UserError(f"sft_rl.models[{cfg.name}]: hidden_size must be divisible by num_heads")
-        return cfg
 
 
 def build_tokenizer():

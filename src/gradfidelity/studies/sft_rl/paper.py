@@ -14,44 +14,11 @@ this checker is stricter (it can only under-count).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from gradfidelity.errors import UserError
+from gradfidelity.studies.sft_rl.config import DataConfig
 from gradfidelity.studies.sft_rl.task import Problem
-
-DEFAULT_GROUPS = {
-    "id": ["MATH-500", "Minerva", "OlympiadBench", "AMC"],
-    "long": ["AIME24", "AIME25"],
-    "ood": ["ARC-c", "GPQA-diamond", "MMLU-Pro"],
-}
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Config key `data`: `arithmetic` (the generated task) or `luffy` (paper scale)."""
-
-    source: str = "arithmetic"
-    train: str = ""                  # hub id or local file of the training set
-    eval: str = ""                   # hub id or local file holding every benchmark (column `benchmark_field`)
-    fields: dict = field(default_factory=lambda: {
-        "prompt": "prompt", "solution": "solution", "answer": "answer", "benchmark": "data_source"})
-    groups: dict = field(default_factory=lambda: dict(DEFAULT_GROUPS))
-    max_train: int = 0               # 0: all
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DataConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise UserError(f"sft_rl.data: unknown key(s) {sorted(unknown)}")
-        cfg = cls(**d)
-        if cfg.source not in ("arithmetic", "luffy"):
-            raise UserError(f"sft_rl.data.source: expected arithmetic or luffy, got {cfg.source!r}")
-        if cfg.source == "luffy" and not (cfg.train and cfg.eval):
-            raise UserError("sft_rl.data: source luffy needs data.train and data.eval")
-        if set(cfg.groups) != {"id", "long", "ood"}:
-            raise UserError(f"sft_rl.data.groups: need exactly id, long, ood; got {sorted(cfg.groups)}")
-        return cfg
 
 
 def _load(spec: str):

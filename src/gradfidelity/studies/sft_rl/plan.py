@@ -1,89 +1,126 @@
-"""Which runs a config needs and where each table cell reads its numbers (shared by the rules and aggregate).
+"""Which runs a config needs and where each table cell reads its numbers (shared by the rules and the aggregate).
 
-Pure Python on the raw config dict (no torch import), so workflow/rules/sft_rl.smk can call it at parse time
-and the aggregation reads exactly the runs the DAG produced.
+Torch-free (the workflow calls it at parse time), on the typed config, so the aggregation reads exactly the runs
+the DAG produced. The path functions accept wildcard names ("{model}") as well, which makes them the rules' output
+patterns (rules.patterns): one layout, written once.
 
 Layout: results/sft_rl/<model>/base/seed0/                 the base model (one per model, shared by all)
         results/sft_rl/<model>/<variant>/sft/seed<k>/      SFT on the variant's infrastructure
         results/sft_rl/<model>/<variant>/<method>/seed<k>/ an RL-stage method (GRPO or mixed-policy)
+        results/sft_rl/<model>/alignment/seed0/            micro-batch gradient Gram matrices (read by ds_audit's A3)
 The truncated SFT-then-RL is read off the sft_then_rl run at its truncation step (constant LR, same RNG
 stream, so the first k steps of the long run are the k-step run).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradfidelity.studies.sft_rl.config import StudyConfig
+
+VARIANTS = ("fixed", "ds_bug", "agg_bug", "both")
 RL_STAGE = ("rl", "sft_then_rl", "luffy", "srft", "relift", "hpt")
 MIXED = ("luffy", "srft", "relift", "hpt")
 TABLE_VARIANTS = ("fixed", "both")
+TABLES = ("main_csv", "main_md", "abl_csv", "abl_md")
 
 
-def stage_variant(raw: dict, variant: str, stage: str) -> str:
-    return variant if stage in raw.get("bug_stages", ["sft"]) else "fixed"
+def stage_variant(cfg: StudyConfig, variant: str, stage: str) -> str:
+    """The infrastructure a stage of a `variant` cell runs on: the bugs hit only the stages in `bug_stages`
+    (default: SFT, where the published baselines were damaged: LUFFY's SFT baseline ran OpenRLHF + DeepSpeed,
+    see docs/sources.md, Study A); other stages run `fixed`."""
+    return variant if stage in cfg.bug_stages else "fixed"
 
 
-def rl_run_variant(raw: dict, method: str, variant: str) -> str:
+def rl_run_variant(cfg: StudyConfig, method: str, variant: str) -> str:
     """Run directory variant of an RL-stage method's (method, variant) cell: shared with `fixed` when no stage
     of it runs on buggy infrastructure under this variant."""
-    if method == "sft_then_rl" and stage_variant(raw, variant, "sft") != "fixed":
+    if method == "sft_then_rl" and stage_variant(cfg, variant, "sft") != "fixed":
         return variant
-    return stage_variant(raw, variant, "rl")
+    return stage_variant(cfg, variant, "rl")
 
 
 def base_dir(root: str, model: str) -> str:
     return f"{root}/{model}/base/seed0"
 
 
-def run_dir(root: str, model: str, variant: str, method: str, seed: int) -> str:
+def run_dir(root: str, model: str, variant: str, method: str, seed: int | str) -> str:
     return f"{root}/{model}/{variant}/{method}/seed{seed}"
 
 
-def init_dir(raw: dict, root: str, model: str, variant: str, method: str, seed: int) -> str:
+def alignment_dir(root: str, model: str) -> str:
+    return f"{root}/{model}/alignment/seed0"
+
+
+def alignment_metrics(cfg: StudyConfig, root: str) -> str:
+    """metrics.json of the alignment run ds_audit's A3 reads (the first model's), `root` = results/<scale>/sft_rl."""
+    return f"{alignment_dir(root, cfg.models[0].name)}/metrics.json"
+
+
+def init_dir(cfg: StudyConfig, root: str, model: str, variant: str, method: str, seed: int | str) -> str:
     """Where an RL-stage run starts: the base model, or (sft_then_rl) the SFT run of the same seed."""
     if method == "sft_then_rl":
-        return run_dir(root, model, stage_variant(raw, variant, "sft"), "sft", seed)
+        return run_dir(root, model, stage_variant(cfg, variant, "sft"), "sft", seed)
     return base_dir(root, model)
 
 
-def cell_run(raw: dict, variant: str, method: str) -> tuple[str, str]:
+def cell_run(cfg: StudyConfig, variant: str, method: str) -> tuple[str, str]:
     """The (variant, method) of the run a table cell (variant x method) reads: the truncated SFT-then-RL reads
     the sft_then_rl run, and a cell none of whose stages runs on buggy infrastructure reads the fixed run."""
     if method == "sft":
-        return stage_variant(raw, variant, "sft"), "sft"
+        return stage_variant(cfg, variant, "sft"), "sft"
     if method == "sft_then_rl_truncated":
         method = "sft_then_rl"
-    return rl_run_variant(raw, method, variant), method
+    return rl_run_variant(cfg, method, variant), method
 
 
-def cell_dir(raw: dict, root: str, model: str, variant: str, method: str, seed: int) -> str:
+def cell_dir(cfg: StudyConfig, root: str, model: str, variant: str, method: str, seed: int) -> str:
     """The run directory a table cell (method x variant) reads."""
-    return run_dir(root, model, *cell_run(raw, variant, method), seed)
+    return run_dir(root, model, *cell_run(cfg, variant, method), seed)
 
 
-def table_cells(raw: dict) -> list[tuple[str, str]]:
+def table_cells(cfg: StudyConfig) -> list[tuple[str, str]]:
     """Every (variant, method) cell of the tables: each table variant x method, plus SFT on every other variant
     (the bug ablation)."""
-    cells = [(v, m) for v in table_variants(raw) for m in raw["methods"]]
-    if "sft" in raw["methods"]:
-        cells += [(v, "sft") for v in raw["variants"] if v not in TABLE_VARIANTS]
+    cells = [(v, m) for v in table_variants(cfg) for m in cfg.methods]
+    if "sft" in cfg.methods:
+        cells += [(v, "sft") for v in cfg.variants if v not in TABLE_VARIANTS]
     return cells
 
 
-def table_variants(raw: dict) -> list[str]:
-    return [v for v in TABLE_VARIANTS if v in raw["variants"]]
+def table_variants(cfg: StudyConfig) -> list[str]:
+    return [v for v in TABLE_VARIANTS if v in cfg.variants]
 
 
-def planned_runs(raw: dict, root: str) -> list[str]:
+def planned_runs(cfg: StudyConfig, root: str) -> list[str]:
     """metrics.json of every training run the config asks for (the aggregate rule's inputs)."""
     runs: set[str] = set()
-    models = [m["name"] for m in raw["models"]]
-    methods = raw["methods"]
-    for model in models:
-        for seed in raw["seeds"]:
+    methods = cfg.methods
+    for model in (m.name for m in cfg.models):
+        for seed in cfg.seeds:
             if "sft" in methods:  # the bug ablation: SFT on every variant
-                for v in raw["variants"]:
-                    runs.add(run_dir(root, model, stage_variant(raw, v, "sft"), "sft", seed))
-            for v in table_variants(raw):
+                for v in cfg.variants:
+                    runs.add(run_dir(root, model, stage_variant(cfg, v, "sft"), "sft", seed))
+            for v in table_variants(cfg):
                 for method in methods:
                     if method in RL_STAGE or method == "sft_then_rl_truncated":
-                        runs.add(cell_dir(raw, root, model, v, method, seed))
+                        runs.add(cell_dir(cfg, root, model, v, method, seed))
     return sorted(f"{r}/metrics.json" for r in runs)
+
+
+def base_runs(cfg: StudyConfig, root: str) -> list[str]:
+    """metrics.json of every shared base model (one per model)."""
+    return [f"{base_dir(root, m.name)}/metrics.json" for m in cfg.models]
+
+
+def table_paths(tables: str) -> dict[str, str]:
+    """The study's paper tables under `tables` (paper_tables/<scale>), keyed like the CLI's arguments."""
+    return {"main_csv": f"{tables}/sft_rl_main.csv", "main_md": f"{tables}/sft_rl_main.md",
+            "abl_csv": f"{tables}/sft_rl_bug_ablation.csv", "abl_md": f"{tables}/sft_rl_bug_ablation.md"}
+
+
+def figure_paths(figures: str) -> dict[str, str]:
+    """The study's figures under `figures` (figures/<scale>), keyed like the CLI's arguments."""
+    return {"score_vs_flops": f"{figures}/sft_rl_score_vs_flops.png",
+            "reward_curves": f"{figures}/sft_rl_reward_curves.png"}

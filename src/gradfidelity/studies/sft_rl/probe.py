@@ -23,7 +23,7 @@ from gradfidelity.errors import UserError
 from gradfidelity.harness.integrity import save_checkpoint
 from gradfidelity.harness.run import launch_rank
 from gradfidelity.studies.sft_rl import models
-from gradfidelity.studies.sft_rl.config import StudyConfig
+from gradfidelity.studies.sft_rl.config import load
 from gradfidelity.studies.sft_rl.train import run_sft
 
 GA = 8
@@ -53,7 +53,7 @@ def run_probe(variants: str, out: Path) -> None:
     """For each variant (comma-separated): a 1-step SFT run under `out/<variant>/`, plus `probe.pt` holding the
     parameter change and the recorded micro-batches."""
     rank, world = launch_rank()
-    cfg = StudyConfig.from_dict({**PROBE_CFG, "task": {**PROBE_CFG["task"], "n_train": GA * world}})
+    cfg = load({**PROBE_CFG, "task": {**PROBE_CFG["task"], "n_train": GA * world}})
     base = out / "base"
     if rank == 0 and not (base / "model" / "config.json").exists():
         tok = models.build_tokenizer()

@@ -2,8 +2,10 @@
 and the buggy infrastructure) and the bug ablation (SFT as each bug is fixed), each with the constant-answer row.
 
 A cell gives the mean ± sd over the seeds that finished and says how many diverged ("diverged (k/n)" when none
-finished): diverged runs are never averaged away in silence. The main table adds the 95% t interval of the mean
-macro accuracy over those seeds (`macro_ci95`), the interval a reader compares cells by.
+finished): diverged runs are never averaged away in silence. The main table adds the t interval of the mean macro
+accuracy over those seeds (`macro_ci95`), the interval a reader compares cells by: the project's one interval
+(`stats.intervals.t_interval`) at the registry's level of the claim the macro accuracy feeds (A7: 0.95), over the
+per-seed values of the tidy CSV, so the table and the claim show one interval for one number.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import math
 from pathlib import Path
 
 import pandas as pd
-from scipy import stats
 
+from gradfidelity.claims.evidence import level_for
+from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.aggregate import ACC, summarise
 from gradfidelity.studies.sft_rl.baseline import CONSTANT, GATE, GATE_MARGIN, constant_baseline
@@ -32,16 +35,19 @@ def _fmt(mean: float, sd: float, n: int, n_div: int, digits: int = 1) -> str:
     return s + (f" ({n_div}/{n} diverged)" if n_div else "")
 
 
-def _ci95(mean: float, sd: float, n: int, n_div: int, digits: int = 1) -> str:
-    """95% t interval of a mean over the n - n_div finished seeds ("n/a" with fewer than two)."""
-    k = n - n_div
-    if k < 2 or math.isnan(sd):
-        return "n/a"
-    low, high = stats.t.interval(0.95, k - 1, loc=mean, scale=sd / math.sqrt(k))
-    return f"[{low:.{digits}f}, {high:.{digits}f}]"
+def macro_intervals(df: pd.DataFrame, level: float) -> dict[tuple[str, str, str], str]:
+    """The t interval (at `level`) of the mean macro accuracy over the finished seeds of each (model, variant,
+    method) cell of the tidy CSV, formatted ("n/a" with fewer than two)."""
+    out = {}
+    for key, g in df.groupby(["model", "variant", "method"], sort=False):
+        ok = g[g.status == "ok"]
+        out[key] = t_interval(ok["acc_macro"].astype(float), level).fmt(1) if len(ok) else "n/a"
+    return out
 
 
-def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md: Path) -> pd.DataFrame:
+def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md: Path,
+               intervals: dict[tuple[str, str, str], str], level: float) -> pd.DataFrame:
+    """`intervals`: `macro_intervals` of the tidy CSV at `level`."""
     s = summary[summary.variant.isin(plan.TABLE_VARIANTS)].copy()
     order = {m: i for i, m in enumerate(cfg.methods)}
     s = s.sort_values(["model", "variant", "method"], key=lambda c: c.map(order) if c.name == "method" else c)
@@ -49,8 +55,7 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
     for k in ACC:
         out[k.replace("acc_", "")] = [_fmt(a, b, n, d) for a, b, n, d in
                                      zip(s[f"{k}_mean"], s[f"{k}_sd"], s.n_seeds, s.n_diverged, strict=True)]
-    out["macro_ci95"] = [_ci95(a, b, n, d) for a, b, n, d in
-                         zip(s["acc_macro_mean"], s["acc_macro_sd"], s.n_seeds, s.n_diverged, strict=True)]
+    out["macro_ci95"] = [intervals[key] for key in zip(s.model, s.variant, s.method, strict=True)]
     out["nll_id"] = [_fmt(a, b, n, d, 3) for a, b, n, d in
                     zip(s["nll_id_mean"], s["nll_id_sd"], s.n_seeds, s.n_diverged, strict=True)]
     out["PFLOPs"] = [f"diverged ({d}/{n})" if d >= n else f"{x / 1e15:.4g}"
@@ -70,8 +75,8 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
     notes = [
         "Accuracy in points (exact match, greedy decoding), mean ± sd over the seeds that finished; a cell with "
         "diverged seeds says how many ('diverged (k/n)' when none finished); macro = mean of id, long, ood; "
-        "macro_ci95: the 95% t interval of the mean macro accuracy over the finished seeds (the claims pair seeds "
-        "across cells, so their intervals are narrower than two of these side by side suggest).",
+        f"macro_ci95: the {level * 100:g}% t interval of the mean macro accuracy over the finished seeds (the "
+        "claims pair seeds across cells, so their intervals are narrower than two of these side by side suggest).",
         "nll_id: the secondary endpoint, teacher-forced NLL (nats/token) of the held-out `id` demonstrations "
         "(solution + EOS given the prompt), mean ± sd over seeds: no sampling, so far less noisy than accuracy.",
         "`fixed`: deepspeed 0.19.8 + global token mean; `both`: deepspeed 0.18.9 (CPU-offload accumulation bug) + "
@@ -125,5 +130,6 @@ def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv:
 def write_tables(df: pd.DataFrame, cfg: StudyConfig, main_csv: Path, main_md: Path, abl_csv: Path,
                  abl_md: Path) -> None:
     summary, baseline = summarise(df), constant_baseline(cfg)
-    main_table(summary, cfg, baseline, main_csv, main_md)
+    level = level_for("A7")  # the claim the macro accuracy feeds: its interval is the table's
+    main_table(summary, cfg, baseline, main_csv, main_md, macro_intervals(df, level), level)
     ablation_table(summary, cfg, baseline, abl_csv, abl_md)

@@ -27,40 +27,13 @@ import random
 from dataclasses import dataclass
 
 from gradfidelity.errors import UserError
+from gradfidelity.studies.sft_rl.config import TaskConfig
 
 OPS = {"+": lambda a, b, m: (a + b) % m, "-": lambda a, b, m: (a - b) % m, "*": lambda a, b, m: (a * b) % m}
 ANSWER_MARK = "#"
 EVAL_SETS = ("id", "long", "ood")
 # Different fixed offsets per split: the same task seed never produces the same stream for two splits.
 _SPLIT_OFFSET = {"train": 0, "id": 1_000_003, "long": 2_000_003, "ood": 3_000_017, "pretrain": 4_000_037}
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """Sizes and difficulty of each split (config key `task`)."""
-
-    seed: int = 1234
-    modulus: int = 10
-    n_train: int = 512
-    n_eval: int = 64
-    train_ops: tuple[int, int] = (2, 4)      # inclusive range of operators per chain (train and `id`)
-    long_ops: tuple[int, int] = (6, 8)       # the `long` set
-    n_pretrain: int = 4000                   # prompt -> completion lines of pretraining text
-    pretrain_worked_ops: tuple[int, int] = (1, 2)  # worked examples in the pretraining text are this short
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TaskConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise UserError(f"sft_rl.task: unknown key(s) {sorted(unknown)}")
-        cfg = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-        for key in ("train_ops", "long_ops", "pretrain_worked_ops"):
-            lo, hi = getattr(cfg, key)
-            if not 1 <= lo <= hi:
-                raise UserError(f"sft_rl.task.{key}: need 1 <= lo <= hi, got {[lo, hi]}")
-        if cfg.modulus < 2 or cfg.modulus > 10:
-            raise UserError(f"sft_rl.task.modulus: must be in 2..10 (one digit per value), got {cfg.modulus}")
-        return cfg
 
 
 @dataclass(frozen=True)

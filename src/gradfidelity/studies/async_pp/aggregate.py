@@ -1,0 +1,64 @@
+"""Run records -> the study's tidy CSVs: runs.csv (one row per run: the cell, status, final loss, plateau change,
+LR, tokens, step time) and curves.csv (one row per validation evaluation of a finished run).
+
+A run's cell is read from its records (`harness.results.cell_of`: the training rule's wildcards, written by the
+harness), never rebuilt from its path; the files read are the ones given (the rule's {input}), through the harness
+loader, which refuses a run made at another scale.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict
+
+import pandas as pd
+
+from gradfidelity.errors import UserError
+from gradfidelity.harness.io import atomic_write_csv
+from gradfidelity.studies.async_pp.plan import KEYS, cell_from_run
+
+SCALE_ENV = "GRADFIDELITY_SCALE"  # the harness records a run's scale from this variable (harness/run.py)
+
+
+def aggregate(metrics_paths: list[str], runs_csv: str, curves_csv: str, scale: str | None = None,
+              tokens_per_step: int | None = None) -> None:
+    """The metrics.json files given (the rule's {input}), read through the harness loader -> runs.csv + curves.csv.
+
+    `scale` (default: $GRADFIDELITY_SCALE) must be the scale every run was made at: stale runs are refused.
+    """
+    from gradfidelity.harness.results import cell_of, load_run_records
+
+    scale = scale or os.environ.get(SCALE_ENV)
+    if not scale:
+        raise UserError(f"async-pp-aggregate: no scale given (pass --scale or set {SCALE_ENV})")
+    records = load_run_records(metrics_paths, scale=scale)
+    cells = [cell_from_run(cell_of(rec)) for rec in records]  # every run names its cell before any row is made
+    rows, curve_rows = [], []
+    for c, rec in zip(cells, records, strict=True):
+        if rec.get("seed") != c.seed:
+            raise UserError(f"{rec['path']}: records seed {rec.get('seed')!r}, its cell says {c.seed}")
+        ok = rec["status"] == "ok"
+        m = rec["metrics"]
+        key = asdict(c)
+        rows.append({**key, "status": rec["status"], "final_val_loss": float(m["final_val_loss"]) if ok else math.nan,
+                     "plateau_delta": float(m.get("plateau_delta", math.nan)) if ok else math.nan,
+                     "lr_value": m.get("lr", math.nan) if ok else math.nan,
+                     "diverged_at_step": math.nan if ok else m.get("diverged_at_step", math.nan),
+                     "tokens": c.steps * tokens_per_step if tokens_per_step else math.nan,
+                     "step_s": (rec.get("timing") or {}).get("step_s", math.nan),
+                     "scale": rec["scale"], "run_dir": rec["run_dir"], "path": rec["path"]})
+        for step, tokens, val in (m.get("curve") or []) if ok else []:
+            curve_rows.append({**key, "step": step, "tokens": tokens, "val_loss": val})
+    atomic_write_csv(pd.DataFrame(rows), runs_csv)
+    atomic_write_csv(pd.DataFrame(curve_rows, columns=[*KEYS, "seed", "step", "tokens", "val_loss"]), curves_csv)
+
+
+def read_runs(runs_csv: str, scale: str) -> pd.DataFrame:
+    """runs.csv of this scale (refused when aggregated at another scale: stale results never mix in)."""
+    runs = pd.read_csv(runs_csv)
+    if "scale" in runs.columns:
+        other = sorted({str(s) for s in runs["scale"].dropna()} - {scale})
+        if other:
+            raise UserError(f"{runs_csv} holds runs of scale(s) {other}, not {scale!r}: aggregate again")
+    return runs

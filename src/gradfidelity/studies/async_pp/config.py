@@ -1,0 +1,245 @@
+"""The typed config of study B: the whole `async_pp` section (config/<scale>/async_pp.yaml) as frozen dataclasses,
+and the study's closed vocabularies (importable without torch: Snakemake reads them at parse time).
+
+Built only by `gradfidelity.config.build` (through `load` here, after the schema check), never by hand: the schema
+(workflow/schemas/async_pp.schema.yaml) is the one place for types, enums, defaults and their descriptions, so no
+field below has a default. Each job gets only the sections it reads (`rules.JOB_KEYS`): a section a job is not
+given is None in its `StudyConfig`, and `StudyConfig.need` names it when a job reads it, instead of falling back
+to a silent default. What the schema cannot say is checked in `__post_init__`, naming the key, when the workflow
+loads the config.
+
+Words: `schedule` = where the gradient is evaluated (sync, 2bw, pipedream, pipedream_vsync); `mitigation` = the
+add-on (none, error_feedback, taylor, sync_start, sync_cooldown); `head` = whether the LM head is tied to the
+embedding (tied, untied); `lr` = `tuned` (the LR chosen on the sync schedule, lr_select.py) or a grid point
+`x<multiplier>` of the optimizer's default LR. The same words are config keys, wildcard/path parts
+(`schedule~2bw/mitigation~taylor`), table columns and code names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gradfidelity.errors import UserError
+
+STUDY = "async_pp"
+SCHEDULES = ("sync", "2bw", "pipedream", "pipedream_vsync")
+MITIGATIONS = ("none", "error_feedback", "taylor", "sync_start", "sync_cooldown")
+HEADS = ("tied", "untied")
+DTYPE_NAMES = ("float32", "float64")  # config `train.dtype` (model.DTYPES maps them to torch dtypes)
+DELAY_READERS = ("sync_start", "sync_cooldown", "taylor")  # the mitigations whose settings live in `delay`
+
+# The one place of every optimizer's default peak LR and momentum (the centre of the LR grid; the momentum outside
+# the momentum sweep). Not config keys: the LR a cell trains at is chosen on sync from a grid of multiples of this
+# default (config `lr_selection`). Sources and the other hyperparameters: optimizers.py. Muon's LR is the
+# Moonlight-adjusted one (update RMS 0.2 lr at any width, as AdamW's), so it is on AdamW's scale; see optimizers.py.
+DEFAULTS = {
+    "adamw": {"lr": 2e-3, "momentum": 0.9},
+    "muon": {"lr": 2e-3, "momentum": 0.95},
+    "soap": {"lr": 3e-3, "momentum": 0.95},
+    "adan": {"lr": 2e-3, "momentum": 0.98},
+    "lion": {"lr": 4e-4, "momentum": 0.99},
+    "mars": {"lr": 3e-3, "momentum": 0.95},
+}
+OPTIMIZERS = tuple(DEFAULTS)
+
+
+def _bad(key: str, why: str) -> UserError:
+    return UserError(f"bad config key '{STUDY}.{key}': {why}")
+
+
+@dataclass(frozen=True)
+class LrSelection:
+    multipliers: tuple[float, ...]
+    seed: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The SmolLM-style decoder's shape (model.py). `vocab_size` 0 = the tokenizer's (`with_vocab`)."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int
+    tie_embeddings: bool
+    rope_theta: float
+    norm_eps: float
+    init_std: float
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise _bad("model.n_heads", f"d_model {self.d_model} must divide by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise _bad("model.n_kv_heads", f"n_heads {self.n_heads} must divide by n_kv_heads {self.n_kv_heads}")
+        if (self.d_model // self.n_heads) % 2:
+            raise _bad("model.n_heads", f"head dim d_model / n_heads = {self.d_model // self.n_heads} must be even "
+                       "for RoPE")
+
+    @property
+    def n_units(self) -> int:
+        """Pipeline units: embedding, two per block (attention half, MLP half), final norm + head. Half-block
+        units let a 3-layer smoke model still be cut into 8 pipeline stages."""
+        return 2 * self.n_layers + 2
+
+    def with_vocab(self, vocab_size: int) -> ModelConfig:
+        """The tokenizer's vocabulary where the config leaves it to the tokenizer (vocab_size 0)."""
+        return replace(self, vocab_size=vocab_size) if self.vocab_size == 0 else self
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    corpus: str
+    train_chars: int
+    val_chars: int
+    path: str
+    tokenizer: str
+    train_tokens: int
+    val_tokens: int
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    batch_size: int
+    seq_len: int
+    warmup_frac: float
+    decay_frac: float
+    evals: int
+    val_batches: int
+    dtype: str
+    checkpoint_every: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+@dataclass(frozen=True)
+class DelayConfig:
+    sync_start_frac: float
+    sync_cooldown_frac: float
+    taylor_lambda: float
+    taylor_adaptive: bool
+    taylor_ema: float
+
+
+@dataclass(frozen=True)
+class MainSweep:
+    optimizers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MitigationSweep:
+    optimizers: tuple[str, ...]
+    mitigations: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MomentumSweep:
+    optimizers: tuple[str, ...]
+    momenta: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class DepthSweep:
+    optimizers: tuple[str, ...]
+    depths: tuple[int, ...]
+    schedules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LengthSweep:
+    optimizers: tuple[str, ...]
+    steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sweeps:
+    main: MainSweep
+    mitigation: MitigationSweep
+    momentum: MomentumSweep
+    depth: DepthSweep
+    length: LengthSweep
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """The fields of the model section the pipeline benchmark overrides (its head is always untied)."""
+
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class BenchPipeline:
+    n_stages: int
+    n_micro: int
+    steps: int
+    batch_size: int
+    seq_len: int
+    optimizer: str  # the schema has no default: every config names it
+    model: BenchModel
+    repeats: int
+
+
+@dataclass(frozen=True)
+class Bench:
+    steps: int
+    repeats: int
+    pipeline: BenchPipeline
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The whole section; a job's config holds only the sections it reads (`rules.JOB_KEYS`; the others are
+    None)."""
+
+    seeds: int | None
+    threads_per_run: int | None
+    lr_selection: LrSelection | None
+    paper_only: dict | None
+    model: ModelConfig | None
+    data: DataConfig | None
+    train: TrainConfig | None
+    delay: DelayConfig | None
+    sweeps: Sweeps | None
+    bench: Bench | None
+
+    def __post_init__(self):
+        if self.seeds is not None and self.lr_selection is not None and self.lr_selection.seed < self.seeds:
+            raise _bad("lr_selection.seed", f"{self.lr_selection.seed} is one of the evaluation seeds "
+                       f"0..{self.seeds - 1}: the LR would be chosen on the runs it is judged on")
+        if self.model is not None and self.sweeps is not None and self.sweeps.depth.depths \
+                and max(self.sweeps.depth.depths) > self.model.n_units:
+            raise _bad("sweeps.depth.depths", f"P = {max(self.sweeps.depth.depths)} exceeds the model's "
+                       f"{self.model.n_units} pipeline units (2 * model.n_layers + 2)")
+
+    def need(self, *sections: str) -> StudyConfig:
+        """Self, once every named section is there: a job names what it reads, and a rule that did not pass it
+        fails here, naming it, rather than at the first attribute of a None."""
+        missing = [s for s in sections if getattr(self, s) is None]
+        if missing:
+            raise UserError(f"{STUDY} config: this job needs the section(s) {missing} (rules.JOB_KEYS)")
+        return self
+
+
+def load(section: dict) -> StudyConfig:
+    """The validated, typed section (schema defaults filled): what the workflow checks when it loads the config."""
+    from gradfidelity.config import load as load_config
+
+    return load_config(StudyConfig, section, STUDY)
+
+
+def load_job(section: dict) -> StudyConfig:
+    """A job's `--cfg` (the sections `rules.JOB_KEYS` gives it, cut from the validated section) as a typed
+    config; the sections it was not given are None."""
+    from gradfidelity.config import build
+
+    return build(StudyConfig, section, STUDY)

@@ -1,0 +1,78 @@
+"""What workflow/rules/local.smk (and data.smk's local_data) asks of study C: the config keys each job reads, the
+params functions, the wildcard constraints, threads and the environment prefix. Torch-free.
+
+The rules pass each job only the keys it reads (`JOB_KEYS`), as JSON on `--cfg`: Snakemake reruns a job whose
+params changed, so editing a key reruns exactly the jobs that read it (an edit of `margin_pct` reruns the tables,
+figures and claims, never a training run).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from gradfidelity.studies.local import plan
+from gradfidelity.studies.local.config import CORPORA, StudyConfig
+
+# The keys of the `local` section each job reads (its config holds only these; the rest are None there). Jobs:
+# data (rule local_data), train (local_main, local_mechanism: one paired cell), tables, figures, claims, bench.
+JOB_KEYS = {
+    "data": ("corpora",),  # and of it only the job's own corpus (`data_cfg`)
+    "train": ("train",),  # the model and optimisation; the cell's data come as an input, its identity as wildcards
+    "tables": ("train", "margin_pct", "equivalence_bpb"),  # train: the design line under the tables
+    "figures": ("main_width", "margin_pct"),
+    "claims": ("main_width", "margin_pct", "equivalence_bpb", "mechanism_corpora", "mechanism_widths"),
+    "bench": ("train", "bench"),
+}
+# The keys of a corpus entry the data job reads (its widths and seeds are the plan's).
+DATA_KEYS = ("source", "path", "embedded_bytes", "split", "md5")
+# Global wildcard constraints of the study's rules.
+WILDCARDS = {"width": r"\d+", "seed": r"\d+", "corpus": "|".join(CORPORA)}
+
+
+def job_section(section: dict, job: str) -> dict:
+    """The keys of the validated `local` section that `job` reads."""
+    return {k: section[k] for k in JOB_KEYS[job] if k in section}
+
+
+def job_cfg(section: dict, job: str) -> str:
+    """`job_section` as a shell-quoted JSON string for `--cfg {params.cfg}`."""
+    return shlex.quote(json.dumps(job_section(section, job), sort_keys=True))
+
+
+def data_cfg(section: dict):
+    """params function of local_data: only the job's own corpus entry, and of it only what the data read
+    (`DATA_KEYS`), so that editing one corpus's source redoes that corpus's splits (and its training runs) alone,
+    and editing its widths or seeds (the plan's) redoes nothing. A corpus without an entry gives an empty mapping:
+    the job then names the missing key."""
+
+    def _cfg(wildcards) -> str:
+        corpora = job_section(section, "data")["corpora"]
+        entry = corpora.get(wildcards.corpus)
+        own = {wildcards.corpus: {k: entry[k] for k in DATA_KEYS if k in entry}} if entry is not None else {}
+        return shlex.quote(json.dumps({"corpora": own}, sort_keys=True))
+
+    return _cfg
+
+
+def run_dir(root_of):
+    """params function of the training rules: `--run-dir`, the run directory of each method of the cell with
+    `{method}` in place of the method (one job writes one run directory per method). `root_of(wildcards, output)`
+    gives results/<scale>/local (common.smk's study_root)."""
+
+    def _run_dir(wildcards, output) -> str:
+        root = root_of(wildcards, output)
+        return shlex.quote(plan.run_dir(root, wildcards.corpus, wildcards.width, "{method}", wildcards.seed))
+
+    return _run_dir
+
+
+def threads(cfg: StudyConfig, workflow_threads: int) -> int:
+    """A training job owns the machine: throughput is the measurement, so two jobs must never share the cores."""
+    return max(workflow_threads, cfg.train.async_threads)
+
+
+def omp_env(cfg: StudyConfig) -> str:
+    """The shell prefix exporting OMP_WAIT_POLICY before the interpreter starts (libgomp reads it once, at load)."""
+    policy = cfg.train.omp_wait_policy
+    return f"OMP_WAIT_POLICY={policy} " if policy else ""

@@ -1,0 +1,91 @@
+"""What workflow/rules/sft_rl.smk asks of the study: output patterns, wildcard constraints, input and params
+functions, the launcher, and the config keys each job reads (so the rules file holds only rules). Torch-free."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from gradfidelity.studies.sft_rl import plan
+from gradfidelity.studies.sft_rl.config import StudyConfig, load
+
+BUGGY = ("ds_bug", "both")
+
+# The config keys each job reads; everything else is left out of its `--cfg`, so that editing it does not rerun the
+# job (Snakemake reruns a job whose params changed). The base model depends on the model, task and pretraining only;
+# an SFT job adds the SFT and DeepSpeed settings; an RL-stage job the RL and mixed-policy settings instead (its SFT
+# input is a file, tracked as input). Never `seeds` or `methods`: they say which jobs exist, not what one computes.
+_COMMON = ("models", "task", "data", "threads", "checkpoint_every", "eval_batch_size")
+JOB_KEYS = {
+    "pretrain": _COMMON + ("pretrain",),
+    "sft": _COMMON + ("sft", "deepspeed", "bug_stages"),
+    "rl": _COMMON + ("rl", "mixed", "deepspeed", "bug_stages"),
+    "alignment": _COMMON + ("sft", "alignment_windows"),
+    # The analysis jobs: which cells exist (aggregate), what the notes and the constant-answer row say (tables),
+    # what is drawn (figures), the claims' models, methods and constant-answer gate (claims).
+    "aggregate": ("models", "seeds", "methods", "variants", "bug_stages"),
+    "tables": ("methods", "bug_stages", "task", "data", "sft", "rl", "deepspeed"),
+    "figures": ("models", "methods", "variants"),
+    "claims": ("models", "methods", "task", "data"),
+}
+
+# Wildcard constraints of the training rules (a `base` or `alignment` directory never reads as a variant).
+CONSTRAINTS = {"variant": "|".join(plan.VARIANTS), "method": "|".join(plan.RL_STAGE), "seed": r"\d+"}
+
+
+def constraints(*names: str) -> dict[str, str]:
+    """`wildcard_constraints: **constraints("variant", "seed")`."""
+    return {n: CONSTRAINTS[n] for n in names}
+
+
+def patterns(root: str) -> dict[str, str]:
+    """The run directory of each training rule as a Snakemake pattern: the plan's layout with wildcards."""
+    return {"base": plan.base_dir(root, "{model}"),
+            "sft": plan.run_dir(root, "{model}", "{variant}", "sft", "{seed}"),
+            "rl": plan.run_dir(root, "{model}", "{variant}", "{method}", "{seed}"),
+            "alignment": plan.alignment_dir(root, "{model}")}
+
+
+def job_section(section: dict, job: str) -> dict:
+    """The sub-sections of the (validated) sft_rl section that a `job` depends on."""
+    return {k: section[k] for k in JOB_KEYS[job] if k in section}
+
+
+def job_cfg(section: dict, job: str) -> str:
+    """`job_section` as a shell-quoted JSON string for `--cfg {params.cfg}`."""
+    return shlex.quote(json.dumps(job_section(section, job), sort_keys=True))
+
+
+def deepspeed_env(cfg: StudyConfig, overlay: str, stage: str):
+    """params function: the 0.18.9 overlay prefix for jobs whose stage runs on the buggy DeepSpeed."""
+    def env(wildcards) -> str:
+        return overlay if plan.stage_variant(cfg, wildcards.variant, stage) in BUGGY else ""
+    return env
+
+
+def launcher(gf_py: str, ranks: int) -> str:
+    """The command that starts an SFT or RL job: the package in one process, or (ranks > 1) under torchrun with one
+    process per rank on the job's node; each rank reads RANK / WORLD_SIZE from torchrun (harness.run.launch_rank)."""
+    if ranks == 1:
+        return f"{gf_py} -m gradfidelity"
+    return f"{gf_py} -m torch.distributed.run --standalone --nproc_per_node {ranks} -m gradfidelity"
+
+
+def gpus(cfg: StudyConfig, scale: str) -> int:
+    """GPUs an SFT or RL job requests: one per rank at the paper scale, none on the CPU scales."""
+    return cfg.ranks if scale == "paper" else 0
+
+
+def rl_init(cfg: StudyConfig, root: str):
+    """input function: the metrics.json of the run an RL-stage job starts from (base or SFT)."""
+    def init(wildcards) -> str:
+        d = plan.init_dir(cfg, root, wildcards.model, wildcards.variant, wildcards.method, int(wildcards.seed))
+        return f"{d}/metrics.json"
+    return init
+
+
+# Files other studies' rules read (workflow/rules/common.smk: cross_study_input): name -> f(section, results root).
+# Study A's audit reads the gradient Gram matrices of real SFT micro-batches (its claim A3's "about 2/N").
+EXPORTS = {
+    "alignment": lambda section, results: plan.alignment_metrics(load(section), f"{results}/sft_rl"),
+}

@@ -1,0 +1,224 @@
+"""Plan, the rules' per-job config, LR selection, the EF recovery formula, a killed-and-resumed training run, CLI
+errors (claims, tables and aggregation: test_claims.py; the typed config: test_config.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from gradfidelity.errors import UserError
+from gradfidelity.studies.async_pp import delay as delay_mod
+from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS, load
+from gradfidelity.studies.async_pp.lr_select import choose, select, tuned_lr, write_selection
+from gradfidelity.studies.async_pp.optimizers import REGISTRY
+from gradfidelity.studies.async_pp.pairing import ef_recovery
+from gradfidelity.studies.async_pp.plan import (
+    PATTERN,
+    TUNED,
+    WILDCARDS,
+    Cell,
+    cell_from_wildcards,
+    cells,
+    default_momentum,
+    grid_cells,
+)
+from gradfidelity.studies.async_pp.rules import JOB_KEYS, job_cfg, lr_arg, train_cfg, train_input
+from gradfidelity.studies.async_pp.tables import write_lr_selection
+from gradfidelity.studies.async_pp.train import eval_steps, run_cell
+from tests.async_pp._cfg import SCHEMA_PATH, SMOKE, study, validated
+
+CFG = study()
+SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def test_plan_dedupes_shared_cells_and_paths_and_wildcards_agree():
+    cs = cells(CFG)
+    assert len(cs) == len(set(cs))
+    main = {(c.optimizer, c.schedule, c.mitigation) for c in cs if c.lr == TUNED and c.depth == 1}
+    assert ("muon", "2bw", "error_feedback") in main and ("adamw", "sync", "none") in main
+    c = Cell("muon", TUNED, "tied", "2bw", "taylor", 1, 0.95, 160, 0)
+    assert c.dir() == ("results/async_pp/optimizer~muon/lr~tuned/head~tied/schedule~2bw/mitigation~taylor/depth~1/"
+                       "momentum~0.95/steps~160/seed0")
+    for cell in cs:  # the rule's output for a cell's wildcards is the cell's path; the wildcards give the cell back
+        assert f"root/{PATTERN.format(**cell.wildcards())}" == cell.metrics("root")
+        assert cell_from_wildcards(cell.wildcards()) == cell
+    wc = dict(optimizer="adamw", lr="x0.5", head="tied", schedule="sync", mitigation="none", depth="1",
+              momentum="0.9", steps="120", seed="100")
+    assert PATTERN.format(**wc).startswith("optimizer~adamw/lr~x0.5/")
+    assert cell_from_wildcards(wc) == Cell("adamw", "x0.5", "tied", "sync", "none", 1, 0.9, 120, 100)
+
+
+def test_lr_grid_is_sync_on_a_seed_outside_the_evaluation_seeds():
+    grid = grid_cells(CFG)
+    assert {c.schedule for c in grid} == {"sync"} and {c.seed for c in grid} == {SMOKE["lr_selection"]["seed"]}
+    assert len(grid) == len(OPTIMIZERS) * len(SMOKE["lr_selection"]["multipliers"])
+    assert all(c.lr == TUNED for c in cells(CFG) if c not in grid)
+
+
+def test_depth_sweep_unties_the_head_with_its_own_references():
+    depth = [c for c in cells(CFG) if c.head == "untied"]
+    assert {c.schedule for c in depth} == {"sync", "2bw", "pipedream"}
+    assert all(c.head == "untied" for c in cells(CFG) if c.schedule.startswith("pipedream"))
+
+
+def test_optimizer_names_are_defined_once():
+    """Every place that names the optimizers agrees with config.OPTIMIZERS: the schema's enum, the optimizer
+    registry, the training rule's wildcard constraint; and a cell's default momentum is config.DEFAULTS'."""
+    assert SCHEMA["definitions"]["optimizer_name"]["enum"] == list(OPTIMIZERS)
+    assert tuple(REGISTRY) == OPTIMIZERS
+    assert [o for o in (*OPTIMIZERS, "sgd", "adam") if re.fullmatch(WILDCARDS["optimizer"], o)] == list(OPTIMIZERS)
+    assert all(default_momentum(o) == DEFAULTS[o]["momentum"] == REGISTRY[o].momentum for o in OPTIMIZERS)
+
+
+def test_lr_selection_rule():
+    assert choose({0.5: 2.0, 1.0: 1.5, 2.0: 1.7}) == 1.0
+    assert choose({0.5: 1.5, 1.0: 1.5}) == 0.5  # a tie goes to the smaller LR
+    assert choose({0.5: 2.0, 4.0: math.nan}) == 0.5  # diverged excluded
+    with pytest.raises(UserError, match="every grid point diverged"):
+        choose({1.0: math.nan})
+
+
+def _grid_run(tmp_path, opt, mult, loss, scale="smoke"):
+    c = Cell(opt, f"x{mult:g}", "tied", "sync", "none", 1, DEFAULTS[opt]["momentum"], 120, 100)
+    d = tmp_path / f"run{len(list(tmp_path.iterdir()))}"  # any directory: the cell is read from the records
+    d.mkdir(parents=True)
+    rec = ({"status": "ok", "metrics": {"final_val_loss": loss}} if math.isfinite(loss)
+           else {"status": "diverged", "metrics": {"diverged_at_step": 3}})
+    cell = {"study": "async_pp", **c.wildcards()}
+    (d / "metrics.json").write_text(json.dumps({**rec, "timing": {}, "scale": scale, "seed": 100, "cell": cell}))
+    return str(d / "metrics.json")
+
+
+def test_select_reads_the_grid_and_tuned_lr_reads_the_choice(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    paths = [_grid_run(runs, "adamw", 0.5, 2.0), _grid_run(runs, "adamw", 1, 1.8),
+             _grid_run(runs, "adamw", 2, math.nan), _grid_run(runs, "muon", 0.5, 1.2),
+             _grid_run(runs, "muon", 1, 1.3), _grid_run(runs, "muon", 2, 1.4)]
+    doc = select(paths, "smoke")
+    assert doc["optimizers"]["adamw"]["multiplier"] == 1 and not doc["optimizers"]["adamw"]["at_grid_edge"]
+    assert doc["optimizers"]["muon"]["lr"] == pytest.approx(0.5 * DEFAULTS["muon"]["lr"])
+    assert doc["optimizers"]["muon"]["at_grid_edge"]
+    out = tmp_path / "sel.json"
+    write_lr_selection(write_selection(paths, "smoke", str(out)), str(tmp_path / "lr.csv"))
+    assert tuned_lr(str(out), "muon") == pytest.approx(1e-3)
+    assert "grid" in (tmp_path / "lr.md").read_text()
+    with pytest.raises(UserError, match="no chosen LR"):
+        tuned_lr(str(out), "lion")
+    with pytest.raises(UserError, match="not 'cpu'"):
+        select(paths, "cpu")
+
+
+def test_ef_recovery_formula():
+    assert ef_recovery(2.0, 2.2, 2.05) == pytest.approx(75.0)
+    assert math.isnan(ef_recovery(2.0, 1.9, 1.95))
+
+
+def _tiny_cfg():
+    section = copy.deepcopy(SMOKE)
+    section["train"].update(steps=12, checkpoint_every=4, evals=3, val_batches=2)
+    section["data"].update(train_chars=20000, val_chars=3000)
+    return load(section)
+
+
+def test_eval_steps_include_the_plateau_point():
+    assert eval_steps(100, 4) == [25, 50, 75, 90, 100]
+
+
+def test_killed_and_resumed_run_repeats_exactly(tmp_path, monkeypatch):
+    cfg = _tiny_cfg()
+    cell = Cell("adamw", "x1", "untied", "pipedream", "none", 4, 0.9, 12, 0)
+    ref = json.loads((run_cell(cfg, cell, str(tmp_path / "a"), 1) / "metrics.json").read_text())
+    assert ref["metrics"]["lr"] == DEFAULTS["adamw"]["lr"]
+    assert math.isfinite(ref["metrics"]["plateau_delta"])
+    assert ref["cell"] == {"study": "async_pp", **cell.wildcards()}  # the run carries its identity
+    real_step = delay_mod.DelaySimulator.step
+
+    def dying_step(self, t, *a, **k):
+        if t == 10:
+            raise KeyboardInterrupt("killed")
+        return real_step(self, t, *a, **k)
+
+    monkeypatch.setattr(delay_mod.DelaySimulator, "step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(cfg, cell, str(tmp_path / "b"), 1)
+    monkeypatch.setattr(delay_mod.DelaySimulator, "step", real_step)
+    out = run_cell(cfg, cell, str(tmp_path / "b"), 1)
+    got = json.loads((out / "metrics.json").read_text())
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["resumed_from_step"] == 8
+    assert got["metrics"] == ref["metrics"]
+
+
+def test_tuned_cell_trains_at_the_selected_lr_and_refuses_without_it(tmp_path):
+    cfg = _tiny_cfg()
+    sel = tmp_path / "sel.json"
+    sel.write_text(json.dumps({"optimizers": {"lion": {"lr": 1.234e-4}}}))
+    cell = Cell("lion", TUNED, "tied", "2bw", "none", 1, 0.99, 12, 0)
+    got = json.loads((run_cell(cfg, cell, str(tmp_path / "a"), 1, str(sel)) / "metrics.json").read_text())
+    assert got["metrics"]["lr"] == 1.234e-4
+    with pytest.raises(UserError, match="needs the LR selection"):
+        run_cell(cfg, cell, str(tmp_path / "b"), 1)
+    with pytest.raises(UserError, match="untied"):
+        run_cell(cfg, Cell("adamw", "x1", "tied", "pipedream", "none", 2, 0.9, 12, 0), str(tmp_path / "c"), 1)
+    with pytest.raises(UserError, match="delay"):  # a taylor cell not given the `delay` section
+        run_cell(replace(cfg, delay=None), Cell("adamw", "x1", "tied", "2bw", "taylor", 1, 0.9, 12, 0),
+                 str(tmp_path / "d"), 1)
+
+
+def test_cli_bad_config_exits_2_before_work(capsys, tmp_path):
+    from gradfidelity.cli import main
+
+    cell = Cell("adamw", "x1", "tied", "sync", "none", 1, 0.9, 10, 0).wildcards()
+    run = ["--run-dir", str(tmp_path / "run")]
+    assert main(["async-pp-train", "--cfg", "{}", *run, "--cell", json.dumps(cell)]) == 2
+    assert "needs the section(s) ['model', 'data', 'train']" in capsys.readouterr().err
+    cfg = json.dumps(json.loads(yaml.safe_load(job_cfg(validated(), "train"))))
+    assert main(["async-pp-train", "--cfg", cfg, *run, "--cell", json.dumps({**cell, "schedule": "3bw"})]) == 2
+    assert "3bw" in capsys.readouterr().err
+    assert main(["async-pp-train", "--cfg", cfg, *run]) == 2  # no --cell: a run must know its cell
+    assert not (tmp_path / "run").exists()
+
+
+def _wc(lr="tuned", mitigation="none"):
+    return SimpleNamespace(lr=lr, mitigation=mitigation)
+
+
+def _sections(quoted: str) -> dict:
+    return json.loads(yaml.safe_load(quoted))  # shlex-quoted JSON: YAML reads the quotes away
+
+
+def test_rule_params_carry_only_the_sections_a_job_depends_on():
+    cfg = validated()
+    assert set(_sections(train_cfg(cfg)(_wc()))) == {"model", "data", "train"}  # no bench, sweeps, delay, seeds
+    assert set(_sections(train_cfg(cfg)(_wc(mitigation="taylor")))) == {"model", "data", "train", "delay"}
+    assert set(_sections(job_cfg(cfg, "bench"))) == {"model", "data", "train", "bench"}
+    assert {job: set(_sections(job_cfg(cfg, job))) for job in ("tables", "figures", "claims")} == \
+        dict.fromkeys(("tables", "figures", "claims"), {"seeds", "model", "train", "sweeps"})
+    assert train_input("sel.json")(_wc()) == ["sel.json"] and train_input("sel.json")(_wc(lr="x2")) == []
+    assert lr_arg(_wc(), ["sel.json"]) == "--lr-selection sel.json" and lr_arg(_wc(lr="x2"), []) == ""
+
+
+@pytest.mark.parametrize(("key", "value", "changed"), [
+    (("delay", "taylor_lambda"), 3.0, {"train_delay"}),
+    (("bench", "steps"), 7, {"bench"}),
+    (("sweeps", "momentum", "momenta"), [0.5, 0.9], {"tables", "figures", "claims"}),
+    (("lr_selection", "multipliers"), [1, 2], set()),  # decides which cells exist: through the plan, not --cfg
+    (("model", "d_model"), 64, {"train", "train_delay", "tables", "figures", "claims", "bench"}),
+])
+def test_an_edit_changes_the_cfg_of_exactly_the_jobs_that_read_it(key, value, changed):
+    """Snakemake reruns a job whose params changed: an edit must change only the --cfg of the jobs reading it."""
+    before = validated()
+    after = copy.deepcopy(before)
+    node = after
+    for k in key[:-1]:
+        node = node[k]
+    node[key[-1]] = value
+    assert {job for job in JOB_KEYS if job_cfg(before, job) != job_cfg(after, job)} == changed
