@@ -297,3 +297,18 @@ def test_git_state_names_the_modified_tracked_files(tmp_path):
     (tmp_path / "new.py").write_text("untracked\n")  # untracked files are not the run's code
     state = git_state(tmp_path)
     assert state["git_dirty"] is True and state["git_dirty_files"] == ["b.py"]
+
+
+def test_run_args_parse_the_cell_and_refuse_a_bad_one(capsys):
+    import argparse
+
+    from gradfidelity.harness.cli_args import add_run_args
+
+    parser = argparse.ArgumentParser(prog="x")
+    add_run_args(parser)
+    args = parser.parse_args(["--run-dir", "d", "--cell", '{"seed": "3", "width": "64"}'])
+    assert (args.run_dir, args.cell) == ("d", {"seed": "3", "width": "64"})
+    for bad, why in (('[1]', "must be a JSON object"), ("{seed", "not valid JSON")):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(["--run-dir", "d", "--cell", bad])
+        assert exc.value.code == 2 and why in capsys.readouterr().err

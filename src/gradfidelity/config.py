@@ -6,6 +6,9 @@ turn jsonschema's best-matching error into a message a user can act on before an
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from pathlib import Path
 
 import jsonschema
@@ -32,16 +35,17 @@ def validate_section(section: dict, schema_path: str | Path, where: str) -> dict
     return section
 
 
-def cfg_from_json(text: str, where: str) -> dict:
-    """The `--cfg` argument every rule passes (one study's config section as JSON, from `study_cfg`)."""
+def cfg_from_json(text: str, where: str, option: str = "--cfg") -> dict:
+    """A JSON-object argument of a rule's command: `--cfg` (the config keys a job reads, its study's
+    rules.JOB_KEYS) or `--cell` (the job's wildcards)."""
     import json
 
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: --cfg is not valid JSON: {exc}") from None
+        raise UserError(f"{where}: {option} is not valid JSON: {exc}") from None
     if not isinstance(cfg, dict):
-        raise UserError(f"{where}: --cfg must be a JSON object, got {type(cfg).__name__}")
+        raise UserError(f"{where}: {option} must be a JSON object, got {type(cfg).__name__}")
     return cfg
 
 
@@ -103,10 +107,6 @@ SCHEMAS = Path(__file__).resolve().parents[2] / "workflow" / "schemas"
 
 
 def _convert(tp, value, where: str):
-    import dataclasses
-    import types
-    import typing
-
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is typing.Any or tp is object:
         return value
@@ -149,9 +149,6 @@ def build(cls, data: dict, where: str):
     (`where.key`), before any work. A field typed `X | None` that is absent is None: a job that was not given a
     section (the rules pass each job only the sections it reads) fails loudly if it reads it.
     """
-    import dataclasses
-    import typing
-
     if not isinstance(data, dict):
         raise UserError(f"bad config key '{where}': expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -166,7 +163,7 @@ def build(cls, data: dict, where: str):
             kwargs[name] = _convert(hints[name], data[name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             origin = typing.get_origin(hints[name])
-            if origin in (typing.Union, __import__("types").UnionType) and type(None) in typing.get_args(hints[name]):
+            if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(hints[name]):
                 kwargs[name] = None
             else:
                 raise UserError(f"bad config key '{key}': missing")
@@ -185,9 +182,6 @@ def load(cls, data: dict, study: str, where: str | None = None):
 def schema_mismatches(cls, schema: dict, where: str = "", root: dict | None = None) -> list[str]:
     """Where a dataclass tree and its JSON schema disagree: a key in one and not the other, or a default in both
     (a default lives in the schema only). Empty when they agree. Used by each study's config test."""
-    import dataclasses
-    import typing
-
     root = schema if root is None else root
     schema = _resolve(schema, root)
     props = schema.get("properties", {})
@@ -201,7 +195,7 @@ def schema_mismatches(cls, schema: dict, where: str = "", root: dict | None = No
         if "default" in p and has_default:
             out.append(f"{where}.{name}: a default in both the schema and {cls.__name__}")
         tp = hints[name]
-        union = typing.get_origin(tp) in (typing.Union, __import__("types").UnionType)
+        union = typing.get_origin(tp) in (typing.Union, types.UnionType)
         for sub in (typing.get_args(tp) if union else (tp,)):
             if dataclasses.is_dataclass(sub):
                 out += schema_mismatches(sub, p, f"{where}.{name}", root)

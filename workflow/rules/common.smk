@@ -162,7 +162,7 @@ def cross_study_input(study, name):
     """A file one study's rules read from another study (e.g. study A's audit reads the sft_rl study's gradient
     alignment run): the owning study names it in its `rules.EXPORTS`, so no .smk rebuilds another study's paths and
     no study imports another."""
-    return study_module(study, "rules").EXPORTS[name](config[study], RESULTS)
+    return study_module(study, "rules").EXPORTS[name](STUDY_CONFIG[study], RESULTS)
 
 
 # Every study's typed config, built once when the workflow loads: the cross-field checks a schema cannot express

@@ -5,8 +5,8 @@ written into the run's records so that aggregates never parse paths)."""
 from __future__ import annotations
 
 import argparse
-import json
 
+from gradfidelity.config import cfg_from_json
 from gradfidelity.errors import UserError
 
 
@@ -17,10 +17,8 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_cell(text: str) -> dict:
+    """argparse type of `--cell`: a bad value is argparse's own error (usage line, exit 2), not a traceback."""
     try:
-        cell = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--cell is not valid JSON: {exc}") from None
-    if not isinstance(cell, dict):
-        raise UserError(f"--cell must be a JSON object, got {type(cell).__name__}")
-    return cell
+        return cfg_from_json(text, "the run's cell", option="--cell")
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

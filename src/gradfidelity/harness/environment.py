@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 CPU_SCALES = ("smoke", "cpu")
-SCALE_ENV = "GRADFIDELITY_SCALE"  # = harness.run.SCALE_ENV (not imported: that module imports torch)
+SCALE_ENV = "GRADFIDELITY_SCALE"  # the workflow puts the scale into every job's environment (common.smk)
 
 
 def prepare_job_environment(environ=os.environ) -> None:

@@ -37,6 +37,7 @@ import torch
 from tqdm import tqdm
 
 from gradfidelity.harness import provenance
+from gradfidelity.harness.environment import SCALE_ENV  # each run records the scale it belongs to
 from gradfidelity.harness.integrity import CorruptState, load_checkpoint, move_aside, save_checkpoint
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.memory import PeakPSS
@@ -44,8 +45,6 @@ from gradfidelity.harness.seeding import rng_state, seed_everything, set_rng_sta
 from gradfidelity.harness.threads import configure_threads
 
 CHECKPOINT = "checkpoint.pt"
-# The workflow puts the scale into every job's environment (common.smk), so each run records where it belongs.
-SCALE_ENV = "GRADFIDELITY_SCALE"
 
 
 class Diverged(Exception):

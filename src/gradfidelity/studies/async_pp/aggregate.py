@@ -15,10 +15,9 @@ from dataclasses import asdict
 import pandas as pd
 
 from gradfidelity.errors import UserError
+from gradfidelity.harness.environment import SCALE_ENV
 from gradfidelity.harness.io import atomic_write_csv
 from gradfidelity.studies.async_pp.plan import KEYS, cell_from_run
-
-SCALE_ENV = "GRADFIDELITY_SCALE"  # the harness records a run's scale from this variable (harness/run.py)
 
 
 def aggregate(metrics_paths: list[str], runs_csv: str, curves_csv: str, scale: str | None = None,

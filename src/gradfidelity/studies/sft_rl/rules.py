@@ -7,7 +7,7 @@ import json
 import shlex
 
 from gradfidelity.studies.sft_rl import plan
-from gradfidelity.studies.sft_rl.config import StudyConfig, load
+from gradfidelity.studies.sft_rl.config import StudyConfig
 
 BUGGY = ("ds_bug", "both")
 
@@ -84,8 +84,8 @@ def rl_init(cfg: StudyConfig, root: str):
     return init
 
 
-# Files other studies' rules read (workflow/rules/common.smk: cross_study_input): name -> f(section, results root).
+# Files other studies' rules read (workflow/rules/common.smk: cross_study_input): name -> f(typed config, results root).
 # Study A's audit reads the gradient Gram matrices of real SFT micro-batches (its claim A3's "about 2/N").
 EXPORTS = {
-    "alignment": lambda section, results: plan.alignment_metrics(load(section), f"{results}/sft_rl"),
+    "alignment": lambda cfg, results: plan.alignment_metrics(cfg, f"{results}/sft_rl"),
 }
