@@ -21,7 +21,15 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DS_ACCELERATOR := cpu
 
 .PHONY: setup reproduce run test test-fast test-slurm lint-only check-reference cpu-data docs lint dryrun report clean-results
-setup: $(VENV)/.stamp $(DS_BUGGY)/.stamp $(VENV)/.checkout-env
+setup: $(VENV)/.stamp $(DS_BUGGY)/.stamp $(VENV)/.checkout-env $(VENV)/.ds-ops
+
+# DeepSpeed's CPU ops (the shared-memory comm op, cpu_adam) JIT-built once per pinned version into the checkout's
+# cache (0.18.9 in its own subfolder: src/gradfidelity/harness/extensions.py), so the first audit, the guard and the
+# first training job do not each pay minutes of compilation.
+$(VENV)/.ds-ops: $(VENV)/.stamp $(DS_BUGGY)/.stamp
+	$(PY) -m gradfidelity.studies.ds_audit.worker --prebuild
+	PYTHONPATH=$(DS_BUGGY) $(PY) -m gradfidelity.studies.ds_audit.worker --prebuild
+	touch $@
 
 # A .pth line that keeps every cache of this venv's programs in .cache/ (src/gradfidelity/checkout_env.py): a
 # direct `.venv/bin/snakemake ...` writes nothing to the home directory either.

@@ -1,9 +1,10 @@
 """Verdicts of `audit-deepspeed` on made-up probe results: a CPU-only artefact is undecidable (never dropped or
-faithful), advice follows the cause the probe established, the no-boundary line does not set the exit code."""
+faithful), advice follows the cause the probe established, a no-boundary loop's verdict sets the exit code like any
+other (test_ds_audit_verdicts.py: leaks, exit codes, clipping threshold)."""
 
 from dataclasses import asdict
 
-from gradfidelity.studies.ds_audit.audit import DECIDING, cpu_artefact, judge
+from gradfidelity.studies.ds_audit.audit import VERDICT_EXIT, cpu_artefact, judge
 from gradfidelity.studies.ds_audit.case import DSCase
 
 
@@ -45,8 +46,8 @@ def test_advice_follows_the_cause():
     assert "PR #7981" in multi["reason"]
     nob = judge("multi-backward-no-boundary", asdict(DSCase(2, "none", 1, "fp32", 4, boundary="none")),
                 _result([0, 0, 0, 1]), "0.19.8", 1)
-    assert "set_gradient_accumulation_boundary" in nob["reason"] and not nob["deciding"]
-    assert "multi-backward-no-boundary" not in DECIDING
+    assert "set_gradient_accumulation_boundary" in nob["reason"] and nob["verdict"] == "dropped"
+    assert VERDICT_EXIT[nob["verdict"]] == 3  # a measured failure of the user's loop is not silent
 
 
 def test_stale_buffer_is_named():
@@ -54,4 +55,4 @@ def test_stale_buffer_is_named():
     r["per_step"][1]["residual"] = 0.7
     r["faithful"] = False
     v = judge("accumulation", asdict(DSCase(2, "cpu", 4, "fp32")), r, "0.19.8", 1)
-    assert v["verdict"] == "mis-weighted" and "stale" in v["reason"]
+    assert v["verdict"] == "leaking" and "stale" in v["reason"]

@@ -3,10 +3,14 @@ cases with the real DeepSpeed of each pinned version: ZeRO-2 + offload GA 4 -> [
 [1, 1, 1, 1] exit 0 under the installed 0.19.x."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gradfidelity.cli import main
@@ -102,5 +106,63 @@ def test_ga1_batch_size_only_config_is_faithful_unless_multi_backward_is_asked(t
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gradient_accumulation_steps: derived" in proc.stdout
     assert "optimizer: not audited" in proc.stdout  # the optimizer block is listed, not silently dropped
-    proc = _audit(cfg, "--deepspeed-version", "0.18.9", "--steps", "2", "--backward-per-step", "4")
+    proc = _audit(cfg, "--deepspeed-version", "0.18.9", "--steps", "2", "--backward-per-step", "4",
+                  "--boundary", "manual")
     assert proc.returncode == 3 and "PR #7981" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_a_gradient_leaking_across_steps_exits_5_naming_the_leak(tmp_path):
+    """The issue's must-show: ZeRO-2 + offload, 4 backward() calls per step, no boundary, the installed 0.19.x."""
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                            "gradient_clipping": 1.0,
+                            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})
+    proc = _audit(cfg, "--backward-per-step", "4", "--boundary", "none", "--json", tmp_path / "out.json")
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "gradient LEAKS across optimizer steps" in proc.stdout and "mark the boundary" in proc.stdout
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert res["exit_code"] == 5 and [c["verdict"] for c in res["cases"]][-1] == "leaking"
+    proc = _audit(cfg, "--backward-per-step", "4", "--boundary", "manual")  # the same loop, boundary marked
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_the_versions_default_clipping_is_a_warning_unless_asked_for(tmp_path):
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+                            "zero_optimization": {"stage": 2}})
+    proc = _audit(cfg, "--steps", "1")
+    assert proc.returncode == 6, proc.stdout + proc.stderr
+    assert "DeepSpeed applies clipping at 1, but the threshold asked for is none" in proc.stdout
+    assert _audit(cfg, "--steps", "1", "--max-grad-norm", "1.0").returncode == 0  # the Trainer's default 1.0
+    assert _audit(cfg, "--steps", "1", "--max-grad-norm", "0.3").returncode == 6
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_audit_cleanly(tmp_path, sig, code):
+    """A long audit (GA 3000, warned up front) stopped by a signal once its probe runs: no traceback, no probe
+    process left, no gf-audit-* folder left in TMPDIR."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 3000,
+                            "gradient_clipping": 1.0, "zero_optimization": {"stage": 1}})
+    proc = subprocess.Popen([sys.executable, "-m", "gradfidelity", "audit-deepspeed", str(cfg)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    deadline = time.monotonic() + 300
+    while not list(tmp.glob("gf-audit-*/events.rank0.jsonl")):  # the rank has started its first case
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, out + err
+    assert "warning:" in out and "probe backward calls per rank" in out
+    assert "Traceback" not in err and "interrupted" in err
+    assert not list(tmp.iterdir())
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive

@@ -35,3 +35,28 @@ def test_guard_raises_under_buggy_deepspeed(tmp_path):
 @pytest.mark.deepspeed
 def test_guard_lets_fixed_deepspeed_train(tmp_path):
     assert "TRAINED 2" in _run(tmp_path, overlay=False)
+
+
+def test_guard_timeout_is_a_clear_error_and_stops_the_audit():
+    """Past timeout_s the audit's process group is stopped and the error names the setting and the likely cause,
+    instead of a bare subprocess.TimeoutExpired aborting training with a traceback."""
+    import time
+
+    import psutil
+
+    from gradfidelity.guard import DeepSpeedAuditCallback, DeepSpeedAuditError
+
+    cb = DeepSpeedAuditCallback(timeout_s=1.0)
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+           "time.sleep(60)"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    t0 = time.monotonic()
+    with pytest.raises(DeepSpeedAuditError) as exc:
+        cb._run_audit([sys.executable, "-c", code], dict(os.environ))
+    assert time.monotonic() - t0 < 40
+    msg = str(exc.value)
+    assert "timeout_s=1 s" in msg and "extension cache" in msg and "Traceback" not in msg
+    time.sleep(0.5)
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
+            and "time.sleep(60)" in " ".join(p.info["cmdline"] or [])]
+    assert not left  # the audit's own child (a probe rank) went with it

@@ -96,3 +96,24 @@ def test_bf16_parameter_storage_rounding_is_allowed_but_small():
     assert all(s.storage_rounding == 0 for s in fp32.per_step)
     bad = probe_plain(spec, accumulator([1], spec, stale=True))  # a stale buffer is far above the allowance
     assert not bad.faithful
+
+
+def test_the_diagonal_solve_is_the_least_squares_solve():
+    """analyse_step divides by the tag block's diagonal (checked diagonal) instead of a cubic least squares: on a
+    faulty update (the 0.18.9 offload pattern, one micro-batch at half weight) both give the same weights."""
+    import torch
+
+    from gradfidelity.studies.ds_audit.probe import ProbeSpec, analyse_step, reference
+
+    spec = ProbeSpec(ga=5, steps=2)
+    ref = reference(spec)
+    weights = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0], dtype=torch.float64)
+    cols = ref.step_cols(1)
+    G = ref.per_slot[:, cols].double()
+    before = torch.zeros(ref.per_slot.shape[0])
+    after = -(G @ weights).float()
+    got = analyse_step(spec, ref, 1, before, after, None).contributions
+    ids = slice(spec.dim + cols.start, spec.dim + cols.stop)
+    lstsq = torch.linalg.lstsq(G[ids], (before - after).double()[ids].unsqueeze(1)).solution.squeeze(1)
+    assert torch.allclose(torch.tensor(got, dtype=torch.float64), lstsq, rtol=0, atol=1e-6)
+    assert torch.allclose(torch.tensor(got, dtype=torch.float64), weights, rtol=0, atol=1e-6)

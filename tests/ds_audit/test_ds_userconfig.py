@@ -90,9 +90,44 @@ def test_fp16_and_nvme_map_to_cpu_runnable_paths():
 def test_multi_backward_only_when_asked():
     cfg = {**BASE, "gradient_accumulation_steps": 1}
     assert [c.role for c in plan_audit(cfg).cases] == ["accumulation", "clipping"]
-    plan = plan_audit(cfg, backward_per_step=4)
-    multi = [c.case for c in plan.cases if c.role.startswith("multi-backward")]
-    assert [(c.backward_calls, c.boundary) for c in multi] == [(4, "manual"), (4, "none")]
+    for boundary, want in (("both", ["manual", "none"]), ("manual", ["manual"]), ("none", ["none"])):
+        plan = plan_audit(cfg, backward_per_step=4, boundary=boundary)
+        multi = [c.case for c in plan.cases if c.role.startswith("multi-backward")]
+        assert [(c.backward_calls, c.boundary) for c in multi] == [(4, b) for b in want]
+
+
+def test_multi_backward_needs_the_loops_boundary_and_nothing_else_takes_one():
+    cfg = {**BASE, "gradient_accumulation_steps": 1}
+    with pytest.raises(UserError, match="--boundary manual|none|both"):
+        plan_audit(cfg, backward_per_step=4)
+    with pytest.raises(UserError, match="--backward-per-step K > 1"):
+        plan_audit(cfg, boundary="none")
+
+
+def test_ga_times_several_backward_calls_is_refused_not_guessed():
+    """GA 2 x K 2: set_gradient_accumulation_boundary overrides DeepSpeed's counter; the probe does not model where
+    the optimizer then steps, so it refuses, naming both values and the GA-1 audit that works."""
+    with pytest.raises(UserError) as exc:
+        plan_audit({**BASE, "gradient_accumulation_steps": 2}, backward_per_step=2, boundary="manual")
+    msg = str(exc.value)
+    assert "--backward-per-step 2 with gradient_accumulation_steps 2 is not modelled" in msg
+    assert "--gradient-accumulation-steps 1" in msg
+    with pytest.raises(UserError, match="not modelled"):  # the override counts, not only the config's value
+        plan_audit({**BASE, "gradient_accumulation_steps": 1}, ga_override=2, backward_per_step=2, boundary="none")
+    assert plan_audit({**BASE, "gradient_accumulation_steps": 2}, backward_per_step=1).cases[0].case.ga == 2
+
+
+@pytest.mark.parametrize(("clip", "max_grad_norm", "asked"), [
+    (None, None, 0.0), (1.0, None, 1.0), (0.0, None, 0.0), (None, 0.3, 0.3), (1.0, 0.3, 0.3)])
+def test_the_threshold_asked_for(clip, max_grad_norm, asked):
+    cfg = {k: v for k, v in BASE.items() if k != "gradient_clipping"}
+    if clip is not None:
+        cfg["gradient_clipping"] = clip
+    plan = plan_audit(cfg, max_grad_norm=max_grad_norm)
+    assert plan.clip_asked == asked
+    label = plan.cases[1].label
+    assert ("no gradient_clipping" in label) == (clip is None)
+    assert ("sets gradient_clipping 0: no clipping" in label) == (clip == 0.0)
 
 
 def test_ga_derivation_is_listed_and_uses_the_run_world_size():

@@ -11,6 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# Probe cost per backward call per rank, everything included (DeepSpeed's forward/backward/hooks, the plain-torch
+# reference columns, the per-step analysis): measured on the 2-core reference machine, ZeRO-2 + CPU offload, GA 5000,
+# 3 steps + the clip case (20,000 calls in 86.7 s, 2026-12-02). Used for the audit's up-front estimate and to scale
+# the hang detector's limit for a long case, never for a verdict.
+SECONDS_PER_BACKWARD = 0.0045
+
 
 @dataclass(frozen=True)
 class DSCase:
@@ -34,6 +40,11 @@ class DSCase:
 
         return ProbeSpec(ga=self.ga, world=world, backward_calls=self.backward_calls, micro_batch=self.micro_batch,
                          dtype=self.dtype, steps=self.steps, target_norm=self.target_norm)
+
+    @property
+    def backward_total(self) -> int:
+        """Backward calls per rank over the whole case: what its run time grows with."""
+        return self.ga * self.backward_calls * self.steps
 
     @property
     def contiguous_gradients(self) -> bool:

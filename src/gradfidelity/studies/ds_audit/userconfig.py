@@ -20,7 +20,18 @@ Cases (`AuditCase.role`): "accumulation" (the config as given, faithful norm hal
 micro-batches count), "clipping" (faithful norm twice the threshold, the config's own clipping key, or none: measures
 the clip coefficient applied, and the version's default threshold when the config is silent), and with
 --backward-per-step K > 1 "multi-backward" (K backward() per micro-step, boundary marked with
-`set_gradient_accumulation_boundary`) and "multi-backward-no-boundary" (the same loop without that call).
+`set_gradient_accumulation_boundary`) and/or "multi-backward-no-boundary" (the same loop without that call): which
+one is the user's loop is theirs to say (`--boundary`), since each decides the exit code.
+
+Why K > 1 is refused at GA > 1: `set_gradient_accumulation_boundary(True)` overrides DeepSpeed's micro-step counter,
+so a loop that marks the last backward of each micro-step steps the optimizer every micro-step, and one that does
+not leaves the boundary to the counter; where the optimizer steps then depends on how the user's loop combines the
+two, which the probe (one optimizer step per GA x K backward calls) does not model. The multi-backward bug (PR
+#7981) is a GA 1 pattern, and the refusal says so rather than print a verdict for a loop it did not run.
+
+The clipping threshold the user asked for (`AuditPlan.clip_asked`): --max-grad-norm when given (the Trainer's
+`max_grad_norm`; the guard passes it), else the config's `gradient_clipping`, else none (0). The audit compares it
+with the threshold DeepSpeed actually used: a silent config under a version whose default clips is a warning.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ ZERO_KEYS = (
 )
 DEFAULT_MICRO_BATCH = 2
 DEFAULT_STEPS = 3
+BOUNDARIES = ("manual", "none", "both")  # --boundary: the user's multi-backward loop marks the boundary, or not
 CLIP_PROBE = 1.0  # threshold probed by the clipping case when the config sets none (0.19.x's default, docs/sources.md)
 SCALING_KEYS = ("prescale_gradients", "gradient_predivide_factor", "communication_data_type", "data_types")
 # top-level keys the probe replaces by its own value: (what it uses, why it does not matter)
@@ -66,6 +78,8 @@ class AuditPlan:
     cases: list[AuditCase]
     assumed: list[dict] = field(default_factory=list)  # {"key", "how", "detail"}
     summary: str = ""
+    clip_asked: float = 0.0  # the threshold the user asked for (0: no clipping)
+    clip_asked_from: str = ""  # where that threshold came from, in words
 
 
 def _int(value, key: str, minimum: int) -> int:
@@ -110,6 +124,8 @@ def plan_audit(
     ranks: int = 1,
     world_size: int | None = None,
     steps: int = DEFAULT_STEPS,
+    boundary: str | None = None,
+    max_grad_norm: float | None = None,
 ) -> AuditPlan:
     """Translate a parsed DeepSpeed config; raises UserError (naming the key) for anything unusable."""
     assumed: list[dict] = []
@@ -120,6 +136,15 @@ def plan_audit(
     ranks = _int(ranks, "--ranks", 1)
     steps = _int(steps, "--steps", 1)
     bps = _int(backward_per_step, "--backward-per-step", 1)
+    if bps > 1 and boundary not in BOUNDARIES:
+        raise UserError(f"--backward-per-step {bps} needs --boundary manual|none|both: whether your loop calls "
+                        "engine.set_gradient_accumulation_boundary(False) before every backward() but the last "
+                        "(manual) or not (none); each pattern decides the exit code, so none is assumed")
+    if bps == 1 and boundary is not None:
+        raise UserError(f"--boundary {boundary} applies to several backward() calls per micro-step: pass "
+                        "--backward-per-step K > 1 with it")
+    if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or max_grad_norm < 0):
+        raise UserError(f"--max-grad-norm {max_grad_norm}: expected a number >= 0 (0: no clipping)")
     zero = cfg.get("zero_optimization", {}) or {}
     if not isinstance(zero, dict):
         raise UserError(f"zero_optimization = {zero!r}: expected an object")
@@ -160,6 +185,12 @@ def plan_audit(
             ga = 1
             note("gradient_accumulation_steps", "derived", "absent: DeepSpeed's default 1")
     ga = _int(ga, "gradient_accumulation_steps", 1)
+    if bps > 1 and ga > 1:
+        raise UserError(
+            f"--backward-per-step {bps} with gradient_accumulation_steps {ga} is not modelled: "
+            "set_gradient_accumulation_boundary overrides DeepSpeed's micro-step counter, so where the optimizer "
+            "steps depends on how your loop combines the two. The multi-backward bug (PR #7981) is a GA 1 pattern: "
+            "audit it with --gradient-accumulation-steps 1, and your accumulation without --backward-per-step")
     if "train_batch_size" in cfg:
         note("train_batch_size", "overridden", "the probe sets micro-batch x GA x --ranks")
 
@@ -206,6 +237,12 @@ def plan_audit(
         note("gradient_clipping", "derived", "absent: the installed DeepSpeed's own default applies (0 in 0.18.9, "
              "1.0 in 0.19.x); the threshold it used is printed")
     clip = None if clip is None else float(clip)
+    if max_grad_norm is not None:
+        clip_asked, clip_from = float(max_grad_norm), f"--max-grad-norm {max_grad_norm:g}"
+    elif clip is not None:
+        clip_asked, clip_from = clip, f"gradient_clipping {clip:g}"
+    else:
+        clip_asked, clip_from = 0.0, "no gradient_clipping key: no clipping asked for"
 
     # ------------------------------------------------------------------ offload and zero_optimization knobs
     offload = zero.get("offload_optimizer", {}) or {}
@@ -264,18 +301,25 @@ def plan_audit(
     low = 0.5 * min(clip if clip else 1.0, 1.0)  # faithful norm below any threshold in play (the version default <= 1)
     base = DSCase(stage, device, ga, dtype, 1, mbs, clip, zero_extra, steps=steps, target_norm=low)
     cases = [AuditCase("accumulation", base, f"one backward per micro-step, GA {ga}, {steps} optimizer steps")]
+    said = {None: " (the config sets no gradient_clipping: the version's default decides)",
+            0.0: " (the config sets gradient_clipping 0: no clipping)"}.get(clip, "")
     cases.append(AuditCase("clipping", DSCase(stage, device, ga, dtype, 1, mbs, clip, zero_extra, steps=1,
                                               target_norm=2.0 * tau),
-                           f"clipping: faithful gradient norm {2 * tau:g} = twice the threshold {tau:g}"
-                           + ("" if clip else " (config sets none: the version's default decides)")))
+                           f"clipping: faithful gradient norm {2 * tau:g} = twice the threshold {tau:g}" + said))
     if bps > 1:
-        for boundary, role, how in (("manual", "multi-backward", "boundary marked with "
-                                     "engine.set_gradient_accumulation_boundary, the documented API"),
-                                    ("none", "multi-backward-no-boundary", "no set_gradient_accumulation_boundary "
-                                     "call (every backward is a boundary at GA 1)")):
-            cases.append(AuditCase(role, DSCase(stage, device, ga, dtype, bps, mbs, clip, zero_extra, steps=steps,
-                                                boundary=boundary, target_norm=low),
-                                   f"{bps} backward() calls per micro-step, {how}"))
+        for mark, role, how in (("manual", "multi-backward", "boundary marked with "
+                                 "engine.set_gradient_accumulation_boundary, the documented API"),
+                                ("none", "multi-backward-no-boundary", "no set_gradient_accumulation_boundary "
+                                 "call (at GA 1 every backward is a boundary)")):
+            if boundary in (mark, "both"):
+                cases.append(AuditCase(role, DSCase(stage, device, ga, dtype, bps, mbs, clip, zero_extra,
+                                                    steps=steps, boundary=mark, target_norm=low),
+                                       f"{bps} backward() calls per micro-step, {how}"))
     summary = (f"ZeRO-{stage}, offload_optimizer={device}, GA {ga}, micro-batch {mbs}, {dtype}, "
                f"clipping {'default' if clip is None else f'{clip:g}'}, {ranks} rank{'s' if ranks > 1 else ''}")
-    return AuditPlan(cases=cases, assumed=assumed, summary=summary)
+    return AuditPlan(cases=cases, assumed=assumed, summary=summary, clip_asked=clip_asked, clip_asked_from=clip_from)
+
+
+def backward_calls(plan: AuditPlan) -> int:
+    """Probe micro-steps (backward calls) the audit runs per rank: what its run time grows with."""
+    return sum(c.case.backward_total for c in plan.cases)

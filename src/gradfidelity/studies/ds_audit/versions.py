@@ -7,22 +7,21 @@ the only difference between them is DeepSpeed itself (see the Makefile's `.venv-
 from __future__ import annotations
 
 import os
-import sysconfig
 from importlib import metadata
 from pathlib import Path
 
 from gradfidelity.errors import UserError
-from gradfidelity.harness.extensions import extensions_dir
+from gradfidelity.harness.extensions import base_deepspeed_version, extensions_dir
 
 OVERLAYS = {"0.18.9": ("GRADFIDELITY_DS0189", ".venv-ds0189")}
 
 
 def base_version() -> str:
     """Version installed in the environment's own site-packages (ignores any overlay on PYTHONPATH)."""
-    dists = list(metadata.distributions(name="deepspeed", path=[sysconfig.get_paths()["purelib"]]))
-    if not dists:
+    version = base_deepspeed_version()
+    if version is None:
         raise UserError("deepspeed is not installed in this environment (run `make setup`)")
-    return dists[0].version
+    return version
 
 
 def installed_version_noimport() -> str:

@@ -18,12 +18,13 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
 from gradfidelity.harness.extensions import use_deepspeed_extensions_dir
-from gradfidelity.studies.ds_audit.case import DSCase, case_from_json
+from gradfidelity.studies.ds_audit.case import SECONDS_PER_BACKWARD, DSCase, case_from_json
 from gradfidelity.studies.ds_audit.versions import (
     env_for,
     installed_version_noimport,
@@ -115,8 +116,14 @@ def run_group(
     workdir: Path,
     case_timeout_s: float = 120.0,
     log=sys.stderr,
+    on_case: Callable[[int, dict], None] | None = None,
 ) -> list[dict]:
-    """Run every case under DeepSpeed `version` (None: installed) with `world` ranks; one dict per case, in order."""
+    """Run every case under DeepSpeed `version` (None: installed) with `world` ranks; one dict per case, in order.
+
+    `on_case(i, state)` is called once per case as soon as its result (or error) is known: the audit's progress
+    line. Whatever ends this call (an error, SIGTERM turned into an exception by the caller), no rank process
+    outlives it. Each rank's stderr goes to a file in `workdir`, not a pipe: a pipe nobody reads fills up and
+    blocks a chatty rank."""
     workdir.mkdir(parents=True, exist_ok=True)
     jobs = workdir / "jobs.json"
     jobs.write_text(json.dumps([asdict(c) for c in cases]))
@@ -128,77 +135,118 @@ def run_group(
     if not shm_op_cached(child_version):
         warmup(version)
     states: dict[int, dict] = {}
+    reported: set[int] = set()
+
+    def report(i: int, st: dict) -> None:
+        if i not in reported:
+            reported.add(i)
+            if on_case is not None:
+                on_case(i, st)
+
     start = 0
-    while start < len(cases):
-        port = _free_port()
-        procs = []
-        for r in range(world):
-            env = dict(env_base, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            cmd = [sys.executable, "-W", "ignore", "-m", "gradfidelity.studies.ds_audit.worker", str(jobs), str(prefix),
-                   str(start)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        last_progress, seen = time.monotonic(), -1
-        while True:
-            time.sleep(0.2)
+    procs: list[subprocess.Popen] = []
+    try:
+        while start < len(cases):
+            port = _free_port()
+            procs = []
+            for r in range(world):
+                env = dict(env_base, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                cmd = [sys.executable, "-W", "ignore", "-m", "gradfidelity.studies.ds_audit.worker", str(jobs),
+                       str(prefix), str(start)]
+                with open(workdir / f"rank{r}.stderr", "w") as err:
+                    procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err))
+            last_progress, seen = time.monotonic(), -1
+            while True:
+                time.sleep(0.2)
+                events = read_events(prefix, world)
+                for i in range(start, len(cases)):
+                    st = case_state(events, i)
+                    if not st:
+                        break
+                    report(i, st)
+                n_events = sum(len(e) for e in events)
+                if n_events != seen:
+                    seen, last_progress = n_events, time.monotonic()
+                codes = [p.poll() for p in procs]
+                if all(c is not None for c in codes):
+                    break
+                # before the first event the ranks are importing DeepSpeed (slow on a loaded machine): allow more;
+                # a case reports only at its start and end, so a long one (a large GA) is given 10x its estimate
+                running = next((i for i in range(start, len(cases)) if i not in reported), len(cases) - 1)
+                limit = case_timeout_s + 10 * SECONDS_PER_BACKWARD * cases[running].backward_total
+                limit = limit if n_events > 0 else max(limit, 300.0)
+                if any(c not in (None, 0) for c in codes) or time.monotonic() - last_progress > limit:
+                    time.sleep(1.0)  # let the other ranks write their error event
+                    break
+            _stop(procs)
+            stderr_tails = [_stderr_tail(workdir / f"rank{r}.stderr") for r in range(world)]
             events = read_events(prefix, world)
-            n_events = sum(len(e) for e in events)
-            if n_events != seen:
-                seen, last_progress = n_events, time.monotonic()
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            # before the first event the ranks are importing DeepSpeed (slow on a loaded machine): allow more time
-            limit = case_timeout_s if n_events > 0 else max(case_timeout_s, 300.0)
-            if any(c not in (None, 0) for c in codes) or time.monotonic() - last_progress > limit:
-                time.sleep(1.0)  # let the other ranks write their error event
-                break
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        stderr_tails = []
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                err = ""
-            lines = [ln for ln in (err or "").splitlines() if ln.strip() and "WARNING" not in ln and "INFO" not in ln]
-            stderr_tails.append(lines[-1][:300] if lines else "")
-        events = read_events(prefix, world)
-        nxt = start
-        while nxt < len(cases):
-            st = case_state(events, nxt)
-            if not st:
-                break
-            states[nxt] = st
-            nxt += 1
-        if nxt < len(cases):
-            if nxt in states:
+            nxt = start
+            while nxt < len(cases):
+                st = case_state(events, nxt)
+                if not st:
+                    break
+                states[nxt] = st
                 nxt += 1
-            else:
-                started = any(e["i"] == nxt and e["event"] == "start" for evs in events for e in evs)
-                codes = [p.returncode for p in procs]
-                hung = all(c in (None, -9) for c in codes)
-                why = f"hung (no progress in {case_timeout_s:.0f} s)" if hung else f"rank exit codes {codes}"
-                tail = next((t for t in stderr_tails if t), "")
-                msg = f"{why}; {tail}" if started else f"ranks failed before this case ({why}; {tail})"
-                states[nxt] = {"status": "error", "error": msg}
-                nxt += 1
-        print(f"[ds_audit] {version or 'installed'} world={world}: {len(states)}/{len(cases)} cases", file=log)
-        start = nxt
+            if nxt < len(cases):
+                if nxt in states:
+                    nxt += 1
+                else:
+                    started = any(e["i"] == nxt and e["event"] == "start" for evs in events for e in evs)
+                    codes = [p.returncode for p in procs]
+                    hung = all(c in (None, -9) for c in codes)
+                    why = f"hung (no progress in {case_timeout_s:.0f} s)" if hung else f"rank exit codes {codes}"
+                    tail = next((t for t in stderr_tails if t), "")
+                    msg = f"{why}; {tail}" if started else f"ranks failed before this case ({why}; {tail})"
+                    states[nxt] = {"status": "error", "error": msg}
+                    nxt += 1
+            for i in range(start, nxt):
+                report(i, states[i])
+            print(f"[ds_audit] {version or 'installed'} world={world}: {len(states)}/{len(cases)} cases", file=log)
+            start = nxt
+    finally:
+        _stop(procs)
     return [states[i] for i in range(len(cases))]
 
 
-def warmup_main() -> int:
-    """Build (or load from the cache) DeepSpeed's CPU shared-memory comm op in ONE process, with no time limit.
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Kill the rank processes still running and reap them all (no zombie, no orphan)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
 
-    Why: `init_distributed` JIT-builds it on first use; two ranks building at once, or a rank killed mid-build by the
-    driver's hang detector, would leave a stale lock that blocks every later process."""
+
+def _stderr_tail(path: Path) -> str:
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    lines = [ln for ln in text.splitlines() if ln.strip() and "WARNING" not in ln and "INFO" not in ln]
+    return lines[-1][:300] if lines else ""
+
+
+def warmup_main(all_ops: bool = False) -> int:
+    """Build (or load from the cache) DeepSpeed's CPU shared-memory comm op in ONE process, with no time limit;
+    with `all_ops` also DeepSpeedCPUAdam (what a Trainer with optimizer offload builds: `make setup` prebuilds both
+    for each pinned version, so neither the first audit nor the guard pays minutes of compilation).
+
+    Why: `init_distributed` JIT-builds the comm op on first use; two ranks building at once, or a rank killed
+    mid-build by the driver's hang detector, would leave a stale lock that blocks every later process."""
     path = use_deepspeed_extensions_dir()
+    import deepspeed
     from deepspeed.comm.torch import build_shm_op
 
     build_shm_op()
-    print(f"shm comm op ready under {path}")
+    built = ["shm comm op"]
+    if all_ops:
+        from deepspeed.accelerator import get_accelerator
+
+        get_accelerator().create_op_builder("CPUAdamBuilder").load()
+        built.append("cpu_adam")
+    print(f"DeepSpeed {deepspeed.__version__}: {', '.join(built)} ready under {path}")
     return 0
 
 
@@ -211,6 +259,6 @@ def warmup(version: str | None) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--warmup"]:
-        sys.exit(warmup_main())
+    if sys.argv[1:] in (["--warmup"], ["--prebuild"]):
+        sys.exit(warmup_main(all_ops=sys.argv[1] == "--prebuild"))
     sys.exit(rank_main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
