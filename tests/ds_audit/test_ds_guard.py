@@ -60,3 +60,33 @@ def test_guard_timeout_is_a_clear_error_and_stops_the_audit():
     left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
             and "time.sleep(60)" in " ".join(p.info["cmdline"] or [])]
     assert not left  # the audit's own child (a probe rank) went with it
+
+
+def _audited(code: int, cases=(), clip_warning=None):
+    from types import SimpleNamespace
+
+    from gradfidelity.guard import DeepSpeedAuditCallback
+
+    cb = DeepSpeedAuditCallback()
+    res = {"returncode": code, "deepspeed": "0.19.8", "cases": list(cases), "stdout": "x\nlast line", "stderr": "",
+           "clip": {"warning": clip_warning}}
+    cb.audit = lambda args: res
+    args, state = SimpleNamespace(gradient_accumulation_steps=1), SimpleNamespace(is_world_process_zero=True)
+    return lambda: cb.on_train_begin(args, state, None)
+
+
+def test_guard_raises_on_a_leak_one_cause_per_line():
+    from gradfidelity.guard import DeepSpeedAuditError
+
+    leak = {"label": "4 backward() calls per micro-step, no set_gradient_accumulation_boundary call",
+            "verdict": "leaking", "reason": "a gradient of one optimizer step is carried into the next: mark it",
+            "state": {"result": {"dropped": [[0], [0], [0]]}}}
+    with pytest.raises(DeepSpeedAuditError) as exc:
+        _audited(5, [leak])()
+    lines = str(exc.value).splitlines()
+    assert lines[1] == f"- {leak['label']}: leaking" and lines[2] == f"- cause: {leak['reason']}"
+
+
+def test_guard_warns_when_deepspeed_clips_at_another_threshold():
+    with pytest.warns(RuntimeWarning, match="clipping threshold differs.\n- DeepSpeed applies clipping at 1"):
+        _audited(6, clip_warning="DeepSpeed applies clipping at 1, but the threshold asked for is 0.3")()
