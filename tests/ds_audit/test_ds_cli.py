@@ -3,6 +3,7 @@ cases with the real DeepSpeed of each pinned version: ZeRO-2 + offload GA 4 -> [
 [1, 1, 1, 1] exit 0 under the installed 0.19.x."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -143,13 +144,17 @@ def test_the_versions_default_clipping_is_a_warning_unless_asked_for(tmp_path):
 @pytest.mark.deepspeed
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_stops_the_audit_cleanly(tmp_path, sig, code):
-    """A long audit (GA 3000, warned up front) stopped by a signal once its probe runs: no traceback, no probe
-    process left, no gf-audit-* folder left in TMPDIR."""
+    """A long audit (estimated at 1.5x the warning threshold, so warned up front) stopped by a signal once its probe
+    runs: no traceback, no probe process left, no gf-audit-* folder left in TMPDIR."""
+    from gradfidelity.studies.ds_audit.audit import WARN_ABOVE_S
+    from gradfidelity.studies.ds_audit.case import SECONDS_PER_BACKWARD
+
+    ga = math.ceil(1.5 * WARN_ABOVE_S / (2 * SECONDS_PER_BACKWARD))  # --steps 1: accumulation + clipping, GA each
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 3000,
+    cfg = _write(tmp_path, {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": ga,
                             "gradient_clipping": 1.0, "zero_optimization": {"stage": 1}})
-    proc = subprocess.Popen([sys.executable, "-m", "gradfidelity", "audit-deepspeed", str(cfg)],
+    proc = subprocess.Popen([sys.executable, "-m", "gradfidelity", "audit-deepspeed", str(cfg), "--steps", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.monotonic() + 300
