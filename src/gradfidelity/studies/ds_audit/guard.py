@@ -27,6 +27,14 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from gradfidelity.studies.ds_audit.audit import (
+    EXIT_CLIP_THRESHOLD,
+    EXIT_DROPS,
+    EXIT_FAITHFUL,
+    EXIT_LEAK,
+    EXIT_UNDECIDED,
+)
+
 try:
     from transformers import TrainerCallback
 except ImportError:  # pragma: no cover - transformers is a dependency of the training stack only
@@ -158,7 +166,7 @@ class DeepSpeedAuditCallback(TrainerCallback):
         code = res["returncode"]
         cases = [c for c in res.get("cases", []) if c.get("verdict") != "faithful"]
         head = f"DeepSpeed {res.get('deepspeed')} audit of this run (GA {args.gradient_accumulation_steps}): "
-        if code in (3, 5):
+        if code in (EXIT_DROPS, EXIT_LEAK):
             lines = []
             for c in cases:
                 dropped = c["state"]["result"]["dropped"]
@@ -168,12 +176,12 @@ class DeepSpeedAuditCallback(TrainerCallback):
             lines += [f"- cause: {r}" for r in dict.fromkeys(c["reason"] for c in cases if c.get("reason"))]
             self._fail(head + "the optimizer does not receive the gradient you asked for.\n" + "\n".join(lines),
                        error=True)
-        elif code == 4:
+        elif code == EXIT_UNDECIDED:
             self._fail(head + "undecidable on this machine.\n- " + res["stdout"].strip().splitlines()[-1],
                        error=False)
-        elif code == 6:
+        elif code == EXIT_CLIP_THRESHOLD:
             self._fail(head + "clipping threshold differs.\n- " + str(res.get("clip", {}).get("warning")),
                        error=False)
-        elif code != 0:
+        elif code != EXIT_FAITHFUL:
             raise DeepSpeedAuditError(f"DeepSpeed audit could not run (exit {code}): {res['stderr'].strip()[-500:]}")
         return control
