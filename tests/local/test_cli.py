@@ -30,7 +30,8 @@ def test_bad_config_key_is_named(tmp_path, capsys):
 def test_a_job_not_given_a_key_it_reads_names_it(tmp_path, capsys):
     """The rules pass each job only its keys; a --cfg without one of them is refused, not defaulted."""
     args = ["local-claims", "--cfg", job_json("figures"), "--scale", "cpu", "--aggregate", "a.csv",
-            "--main-csv", "m.csv", "--mech-csv", "x.csv", "--out", str(tmp_path / "c.json")]
+            "--memory", "mem.csv", "--main-csv", "m.csv", "--mech-csv", "x.csv", "--mem-csv", "y.csv",
+            "--out", str(tmp_path / "c.json")]
     assert main(args) == 2
     assert "local.equivalence_bpb" in capsys.readouterr().err
 

@@ -44,22 +44,64 @@ def test_cross_field_checks_name_the_key(top, key):
 def test_smoke_plan():
     cfg = config.load(yaml.safe_load((REPO / "config" / "smoke" / "local.yaml").read_text()))
     runs = plan.runs(cfg, "results/smoke")
-    # enwik8 at widths 32 and 64, tinystories at 64; 2 seeds; 4 main methods; the mechanism cell: 3 methods x 2 seeds
-    assert len(runs) == (2 + 1) * 2 * 4 + 2 * 3 and len(set(runs)) == len(runs)
-    assert runs[0] == "results/smoke/local/enwik8/w32/bp/seed0/metrics.json"
+    # main: enwik8 and tinystories at 64, 2 seeds, 4 methods; side: enwik8 at 32, 2 seeds, 4 methods; power: seed 2
+    # at 64 on both corpora, BP and async Broadcast; mechanism: 3 methods x 2 seeds
+    assert len(runs) == 2 * 2 * 4 + 2 * 4 + 2 * 2 + 2 * 3 and len(set(runs)) == len(runs)
+    assert runs[0] == "results/smoke/local/enwik8/w64/bp/seed0/metrics.json"
     assert runs[-1] == "results/smoke/local/enwik8/w64/rgc_serial/seed1/metrics.json"
-    assert plan.groups(cfg) == {"main": ["bp", "bp_tm", "broadcast_async", "rgc_async"],
-                                "mechanism": ["live_local", "broadcast_serial", "rgc_serial"]}
+    gs = plan.groups(cfg)
+    main = ("bp", "bp_tm", "broadcast_async", "rgc_async")
+    assert {k: g.methods for k, g in gs.items()} == {
+        "main": main, "side": main, "power": ("bp", "broadcast_async"),
+        "mechanism": ("live_local", "broadcast_serial", "rgc_serial")}
+    assert plan.memory_runs(cfg, "results/smoke") == ["results/smoke/local/memory/w64/seed0/metrics.json"]
+
+
+def test_cpu_plan_sizes_each_cell_by_its_claims():
+    """The cpu plan of the README: C4 at 11 seeds (BP and Broadcast), C7 at 6 side seeds, C9 at 5."""
+    cfg = config.load(yaml.safe_load((REPO / "config" / "cpu" / "local.yaml").read_text()))
+    gs = plan.groups(cfg)
+    count = {k: (len(g.cells), g.methods) for k, g in gs.items()}
+    assert count == {"main": (5, ("bp", "bp_tm", "broadcast_async", "rgc_async")),
+                     "side": (6, ("bp", "broadcast_async")), "power": (6, ("bp", "broadcast_async")),
+                     "mechanism": (5, ("live_local", "broadcast_serial", "rgc_serial"))}
+    assert gs["power"].values("seed") == list(range(5, 11)) and gs["side"].values("width") == [32]
+    assert len(plan.runs(cfg, "results/cpu")) == 5 * 4 + 6 * 2 + 6 * 2 + 5 * 3
+
+
+def test_group_constraints_match_only_their_own_cells():
+    """Groups sharing BP are kept apart by width or seed; the regexes Snakemake gets match exactly those values."""
+    import re
+
+    cfg = config.load(yaml.safe_load((REPO / "config" / "cpu" / "local.yaml").read_text()))
+    gs = plan.groups(cfg)
+    for g in gs.values():
+        for w, rx in g.constraints.items():
+            full = re.compile(rf"(?:{rx})")
+            assert all(full.fullmatch(str(v)) for v in g.values(w))
+            assert not any(full.fullmatch(str(v)) for v in range(0, 400) if v not in g.values(w))
+
+
+def test_overlapping_groups_are_refused():
+    """A corpus's own seed count above `seeds` puts its main cells on the power cells' seeds: one run, two rules."""
+    with pytest.raises(UserError, match="overlap"):
+        plan.groups(study(widths=[64], main_width=64, seeds=2, power_seeds=4,
+                          corpora={"enwik8": {"source": "embedded"},
+                                   "tinystories": {"source": "embedded", "seeds": 4}}))
 
 
 def test_seeds_per_cell():
-    """The corpus's own count, capped by side_seeds away from the main width; mechanism_seeds for the serial cell."""
+    """The corpus's own count, side_seeds away from the main width (capped by the corpus's own count);
+    mechanism_seeds for the serial cell."""
     cfg = study(widths=[32, 64], main_width=64, seeds=5, side_seeds=3, mechanism_seeds=2, mechanism_widths=[64],
                 corpora={"enwik8": {"source": "embedded"}, "tinystories": {"source": "embedded", "widths": [64],
                                                                          "seeds": 4}})
-    assert {k: len(v) for k, v in plan.cell_seeds(cfg).items()} == {
-        ("enwik8", 32): 3, ("enwik8", 64): 5, ("tinystories", 64): 4}
-    assert len(plan.mechanism_seeds(cfg)) == 2
+    cells = [c for g in plan.groups(cfg).values() if g.name != "mechanism" for c in g.cells]
+    per = {}
+    for corpus, width, _ in cells:
+        per[(corpus, width)] = per.get((corpus, width), 0) + 1
+    assert per == {("enwik8", 32): 3, ("enwik8", 64): 5, ("tinystories", 64): 4}
+    assert len(plan.groups(cfg)["mechanism"].cells) == 2
     assert plan.corpus_widths(cfg) == {"enwik8": (32, 64), "tinystories": (64,)}
 
 
@@ -81,8 +123,9 @@ def test_an_edit_reruns_only_the_jobs_that_read_it():
     """Snakemake reruns a job whose params changed: the training jobs' --cfg must not move with an analysis key."""
     assert _changed({"margin_pct": 2.0}) == {"tables", "figures", "claims"}
     assert _changed({"equivalence_bpb": 0.01}) == {"tables", "claims"}
-    assert _changed({"seeds": 3, "side_seeds": 2}) == set()  # the plan: more or fewer jobs, none rerun
-    assert _changed({"train": {"n_layer": 2, "n_stages": 2, "n_head": 2, "steps": 7}}) == {"train", "tables", "bench"}
+    assert _changed({"seeds": 3, "side_seeds": 2, "power_seeds": 6}) == set()  # the plan: more or fewer jobs
+    assert _changed({"train": {"n_layer": 2, "n_stages": 2, "n_head": 2, "steps": 7}}) == {"train", "tables", "bench",
+                                                                                                 "memory"}
     assert _changed({"corpora": {"enwik8": {"source": "embedded"},
                                  "tinystories": {"source": "embedded", "embedded_bytes": 5}}}) == {"data tinystories"}
     assert _changed({"corpora": {"enwik8": {"source": "embedded"},

@@ -10,8 +10,13 @@ LOCAL_PYDOCS = f"{RESULTS}/local/corpus/python-docs-3.11.txt"
 LOCAL_PYDOCS_MD5 = "ffe3fd4a0f5469cba03458a8aed6d3b6"
 
 
-# (one list for both corpora: a changed file also redoes the other corpus's splits, a second's work)
-LOCAL_FILE_SOURCES = [c["path"] for c in config["local"]["corpora"].values() if c.get("source") == "file"]
+# (one list for both corpora: a changed file also redoes the other corpus's splits, a second's work). Each path must
+# exist or be made by a rule of this run (here: local_corpus_pydocs at this scale), else the workflow refuses it as
+# it loads, naming the key and, for another scale's results/<scale>/ path, both scales (not a bare
+# MissingInputException when the DAG is built).
+LOCAL_FILE_SOURCES = study_module("local", "corpus_check").file_sources(
+    config["local"]["corpora"], SCALE, produced={LOCAL_PYDOCS: "local_corpus_pydocs"}
+)
 
 
 rule local_corpus_pydocs:

@@ -6,56 +6,85 @@ LOCAL_CONFIG = STUDY_CONFIG["local"]
 LOCAL_PLAN = study_module("local", "plan")
 LOCAL_RULES = study_module("local", "rules")
 LOCAL_RUNS = LOCAL_PLAN.runs(LOCAL_CONFIG, RESULTS)
+LOCAL_MEMORY_RUNS = LOCAL_PLAN.memory_runs(LOCAL_CONFIG, RESULTS)
 
 
 wildcard_constraints:
     **LOCAL_RULES.WILDCARDS,
 
 
-# One rule definition for both job groups (main: BP, best-BP candidates and the async methods, time-paired; mechanism:
-# the serial local methods), instantiated once per group: the same command, threads and resources. Why not one rule
-# with a {group} wildcard: the groups declare different numbers of outputs (one metrics.json per method), which a
-# wildcard cannot vary; and why not one job per method: the methods of a cell must run back to back on the same
-# machine (order reversed on odd seeds), or their throughput ratios would compare different nodes at the paper
-# scale and different moments here.
-for _group, _methods in LOCAL_PLAN.groups(LOCAL_CONFIG).items():
-    if not _methods:
-        continue
+# One rule definition for every job group (plan.py: main, side, power, mechanism), instantiated once per group:
+# the same command, threads and resources. Why not one rule with a {group} wildcard: the groups declare different
+# methods, hence different outputs, which a wildcard cannot vary; and why not one job per method: the methods of a
+# cell must run back to back on the same machine (order reversed on odd seeds), or their throughput ratios would
+# compare different nodes at the paper scale and different moments here. Groups that share a method (BP) are kept
+# apart by their widths or seeds: each rule's wildcard constraints match only its own cells.
+for _group in LOCAL_PLAN.groups(LOCAL_CONFIG).values():
 
     rule:
         name:
-            f"local_{_group}"
+            f"local_{_group.name}"
         input:
             train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
             meta=f"{RESULTS}/local/data/{{corpus}}/meta.json",
         output:
-            expand(LOCAL_PLAN.run_pattern(RESULTS), method=_methods, allow_missing=True),
+            expand(LOCAL_PLAN.run_pattern(RESULTS), method=_group.methods, allow_missing=True),
+        wildcard_constraints:
+            **_group.constraints,
         params:
             gf=GF,
             cfg=LOCAL_RULES.job_cfg(config["local"], "train"),
-            methods=",".join(_methods),
+            methods=",".join(_group.methods),
             env=LOCAL_RULES.omp_env(LOCAL_CONFIG),
             run_dir=LOCAL_RULES.run_dir(study_root("local")),
             cell=cell_json,
         log:
-            f"{RESULTS}/local/logs/{_group}_{{corpus}}_w{{width}}_seed{{seed}}.log",
+            f"{RESULTS}/local/logs/{_group.name}_{{corpus}}_w{{width}}_seed{{seed}}.log",
         benchmark:
-            f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_{_group}_seed{{seed}}.tsv"
+            f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_{_group.name}_seed{{seed}}.tsv"
         conda:
             CONDA_ENV
         threads: LOCAL_RULES.threads(LOCAL_CONFIG, THREADS)
         resources:
-            **rule_resources(f"local_{_group}"),
+            **rule_resources(f"local_{_group.name}"),
         shell:
             "{params.env}{params.gf} local-cell --cfg {params.cfg} --methods {params.methods}"
             " --data $(dirname {input.train}) --run-dir {params.run_dir} --cell {params.cell} > {log} 2>&1"
 
 
+# C3's memory probe (memory.py): one job per probe seed, BP and async RGC each with its model and as its bare
+# process tree, on the main corpus's training split. It owns the machine like a training cell (a second job's
+# pages would not enter the tree's PSS, but its CPU would slow the probe's steps).
+rule local_memory:
+    input:
+        train=f"{RESULTS}/local/data/enwik8/train.bin",
+        meta=f"{RESULTS}/local/data/enwik8/meta.json",
+    output:
+        f"{RESULTS}/local/memory/w{{width}}/seed{{seed}}/metrics.json",
+    params:
+        gf=GF,
+        cfg=LOCAL_RULES.job_cfg(config["local"], "memory"),
+        env=LOCAL_RULES.omp_env(LOCAL_CONFIG),
+        cell=cell_json,
+    log:
+        f"{RESULTS}/local/logs/memory_w{{width}}_seed{{seed}}.log",
+    conda:
+        CONDA_ENV
+    threads: LOCAL_RULES.threads(LOCAL_CONFIG, THREADS)
+    resources:
+        **rule_resources("local_memory"),
+    shell:
+        "{params.env}{params.gf} local-memory --cfg {params.cfg} --data $(dirname {input.train})"
+        " --run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
+
+
 rule local_aggregate:
     input:
-        LOCAL_RUNS,
+        runs=LOCAL_RUNS,
+        memory=LOCAL_MEMORY_RUNS,
     output:
-        f"{RESULTS}/local/aggregate.csv",
+        runs=f"{RESULTS}/local/aggregate.csv",
+        memory=f"{RESULTS}/local/memory.csv",
     params:
         gf=GF,
         scale=SCALE,
@@ -67,17 +96,21 @@ rule local_aggregate:
     resources:
         **rule_resources("local_aggregate"),
     shell:
-        "{params.gf} local-aggregate --scale {params.scale} --runs {input} --out {output} > {log} 2>&1"
+        "{params.gf} local-aggregate --scale {params.scale} --runs {input.runs} --memory-runs {input.memory}"
+        " --out {output.runs} --memory-out {output.memory} > {log} 2>&1"
 
 
 rule local_tables:
     input:
-        f"{RESULTS}/local/aggregate.csv",
+        aggregate=f"{RESULTS}/local/aggregate.csv",
+        memory=f"{RESULTS}/local/memory.csv",
     output:
         main_csv=f"{TABLES}/local_main.csv",
         main_md=report(f"{TABLES}/local_main.md", category="local"),
         mech_csv=f"{TABLES}/local_mechanism.csv",
         mech_md=report(f"{TABLES}/local_mechanism.md", category="local"),
+        mem_csv=f"{TABLES}/local_memory.csv",
+        mem_md=report(f"{TABLES}/local_memory.md", category="local"),
     params:
         gf=GF,
         cfg=LOCAL_RULES.job_cfg(config["local"], "tables"),
@@ -89,8 +122,9 @@ rule local_tables:
     resources:
         **rule_resources("local_tables"),
     shell:
-        "{params.gf} local-tables --cfg {params.cfg} --aggregate {input} --main-csv {output.main_csv}"
-        " --main-md {output.main_md} --mech-csv {output.mech_csv} --mech-md {output.mech_md} > {log} 2>&1"
+        "{params.gf} local-tables --cfg {params.cfg} --aggregate {input.aggregate} --memory {input.memory}"
+        " --main-csv {output.main_csv} --main-md {output.main_md} --mech-csv {output.mech_csv}"
+        " --mech-md {output.mech_md} --mem-csv {output.mem_csv} --mem-md {output.mem_md} > {log} 2>&1"
 
 
 rule local_figures:
@@ -117,8 +151,10 @@ rule local_figures:
 rule local_claims:
     input:
         aggregate=f"{RESULTS}/local/aggregate.csv",
+        memory=f"{RESULTS}/local/memory.csv",
         main_csv=f"{TABLES}/local_main.csv",
         mech_csv=f"{TABLES}/local_mechanism.csv",
+        mem_csv=f"{TABLES}/local_memory.csv",
     output:
         f"{RESULTS}/claims/local.json",
     params:
@@ -134,7 +170,8 @@ rule local_claims:
         **rule_resources("local_claims"),
     shell:
         "{params.gf} local-claims --cfg {params.cfg} --scale {params.scale} --aggregate {input.aggregate}"
-        " --main-csv {input.main_csv} --mech-csv {input.mech_csv} --out {output} > {log} 2>&1"
+        " --memory {input.memory} --main-csv {input.main_csv} --mech-csv {input.mech_csv}"
+        " --mem-csv {input.mem_csv} --out {output} > {log} 2>&1"
 
 
 rule local_bench:
@@ -165,12 +202,13 @@ rule local:
         f"{RESULTS}/bench/local.json",
 
 
-STUDY_RUNS["local"] = LOCAL_RUNS
+STUDY_RUNS["local"] = LOCAL_RUNS + LOCAL_MEMORY_RUNS
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/local.json")
 REPORT_TARGETS.extend(
     [
         f"{TABLES}/local_main.md",
         f"{TABLES}/local_mechanism.md",
+        f"{TABLES}/local_memory.md",
         f"{FIGURES}/local_frontier.png",
         f"{FIGURES}/local_width_scaling.png",
         f"{RESULTS}/bench/local.json",

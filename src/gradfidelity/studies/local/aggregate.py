@@ -120,6 +120,46 @@ def source_of(cell: pd.DataFrame) -> str:
     return str(s.iloc[0]) if len(s) else "?"
 
 
+MEMORY_COLUMNS = ("path", "run_dir", "status", "seed", "scale", "width", "n_layer", "method", "pss_gib",
+                  "baseline_gib", "model_gib", "state_gib", "n_params")
+
+
+def memory_aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame:
+    """One row per (memory probe, method): the method's peak PSS with its model, its own bare tree's (baseline),
+    their difference (the memory the model costs) and the analytic size of parameters, gradients and AdamW state."""
+    from gradfidelity.studies.local.memory import METHODS
+
+    rows = []
+    for rec in load_run_records(paths, scale=scale):
+        cell = cell_of(rec)
+        if cell["study"] != "local" or "width" not in cell or "corpus" in cell:
+            raise UserError(f"{rec['path']}: its cell {cell} is not a study C memory probe's (width, seed)")
+        m, t = rec["metrics"], rec.get("timing") or {}
+        if rec["status"] != "ok":
+            raise UserError(f"{rec['path']}: a memory probe with status {rec['status']!r} (it trains a few steps "
+                            "and cannot diverge meaningfully): rerun it")
+        for method in METHODS:
+            pss, base = t[f"pss_{method}_gib"], t[f"pss_{method}_baseline_gib"]
+            rows.append({"path": rec["path"], "run_dir": rec["run_dir"], "status": rec["status"],
+                         "seed": int(rec["seed"]), "scale": rec.get("scale"), "width": int(m["width"]),
+                         "n_layer": int(m["n_layer"]), "method": method, "pss_gib": pss, "baseline_gib": base,
+                         "model_gib": pss - base, "state_gib": m["state_gib"], "n_params": m["n_params"]})
+    df = pd.DataFrame(rows).reindex(columns=list(MEMORY_COLUMNS))
+    return df.sort_values(["method", "seed"]).reset_index(drop=True)
+
+
+def read_memory(path: str | Path) -> pd.DataFrame:
+    return pd.read_csv(path)
+
+
+def write_memory_aggregate(paths: list[str], scale: str, out: Path) -> pd.DataFrame:
+    from gradfidelity.harness.io import atomic_write_csv
+
+    df = memory_aggregate(paths, scale=scale)
+    atomic_write_csv(df, out)
+    return df
+
+
 def write_aggregate(paths: list[str], scale: str, out: Path) -> pd.DataFrame:
     from gradfidelity.harness.io import atomic_write_csv
 

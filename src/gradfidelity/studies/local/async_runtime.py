@@ -432,6 +432,40 @@ def prestart() -> None:
     forkserver.ensure_running()
 
 
+def _idle_stage(threads: int, go) -> None:
+    """A stage process with nothing built: the start-up of `_stage_worker` up to the model (`idle_tree`)."""
+    _die_with_parent()
+    torch.set_num_threads(threads)
+    go.wait(60.0)
+    os._exit(0)
+
+
+def idle_tree(t: TrainConfig, hold_s: float = 1.0) -> list[int]:
+    """Start the async run's process tree without a model: the forkserver and `n_stages` stage processes forked
+    from it exactly as `train_async` forks them, each held for `hold_s` seconds and then stopped. The memory
+    baseline of an async method (study C's C3): its tree's PSS with every interpreter present and nothing
+    model-sized allocated. Returns the stages' pids."""
+    ctx = _context()
+    go = ctx.Event()
+    procs = [ctx.Process(target=_idle_stage, args=(t.threads_per_stage, go), name=f"gf-local-idle{s}",
+                         daemon=True) for s in range(t.n_stages)]
+    try:
+        for p in procs:
+            p.start()
+        time.sleep(hold_s)
+    finally:
+        go.set()
+        for p in procs:
+            p.join(5.0)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+    bad = [p.exitcode for p in procs if p.exitcode != 0]
+    if bad:
+        raise StageFailure(f"idle async stages exited with codes {bad}")
+    return [p.pid for p in procs]
+
+
 def train_async(method: str, model: ByteTransformer, t: TrainConfig, train: torch.Tensor,
                 offsets: torch.Tensor, fault: dict | None = None, on_start=None) -> dict:
     """Run async Broadcast or RGC; the model's parameters are trained in place. Returns metrics + timing."""

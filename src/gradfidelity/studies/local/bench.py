@@ -1,8 +1,29 @@
 """Benchmarks of study C, every ratio taken against a reference measured in the same process and minutes.
 
 1. Model FLOP utilisation: BP training at the bench width reaches what fraction of this machine's fp32 matmul
-   rate (square sgemm at the same thread count, measured between the training rounds)? Model FLOPs per token use
-   nanoGPT's estimate 6N + 12 L T D (methods counted the same way for every run).
+   rate (square sgemm at the same thread count, measured between the training rounds)? The model FLOPs of a step
+   are counted two ways, both written to the JSON (`flop_counts`), with the MFU under each:
+   - `nanogpt` (the headline `bp_mfu_vs_matmul`, named by `flop_count_used`): nanoGPT's estimate 6N + 12 L T D per
+     token (model.flops_per_token, the count the training metrics use). 6N: forward (2N) and backward (4N) of every
+     weight, N = all parameters but the two embedding tables (biases and LayerNorm gains included). 12 L T D:
+     attention's two activation-by-activation matmuls, Q K^T and A V, 2 T D FLOPs each per token and layer
+     forward (each query against all T keys), x3 for forward + backward. The causal mask is not discounted (a
+     kernel that skips the masked blocks does about half of that), and softmax, norms, GELU and the optimizer
+     (elementwise) are not counted.
+   - `flop_counter`: an independent count, torch.utils.flop_counter.FlopCounterMode over one whole training step
+     (zero_grad, forward, backward, clip, AdamW) at the bench shape, plus attention by hand where the counter does
+     not see it. Finding on this build (torch 2.13.0+cpu; checked again on every run, `counter_counts_cpu_sdpa`):
+     CPU SDPA dispatches to aten._scaled_dot_product_flash_attention_for_cpu (and its _backward), which has no
+     entry in the counter's registry (only the CUDA flash/efficient/cudnn kernels do), so the counter reports 0
+     FLOPs for attention and sees only the addmm/mm of the linear layers. So the count is the counter's
+     non-attention FLOPs plus attention by hand: 4 B T^2 D per layer forward (Q K^T and A V, 2 B T^2 D each, as
+     the counter's own sdpa_flop_count), x3 for forward + backward (8 B T^2 D: the gradients of both operands of
+     both matmuls), i.e. the same 12 L T D per token. With the math SDPA backend (plain bmm's, which the counter
+     does count) the counter finds exactly this (tests/local/test_bench_flops.py). Attention is taken by hand
+     even where a counter does see the kernel (its FLOPs are then recorded apart): the counter's rule for the
+     CUDA flash kernels also charges the backward's recomputation of Q K^T (14 B T^2 D in all), which model
+     FLOPs leave out. The two counts differ by 6 x the bias and LayerNorm parameters (nanoGPT counts them in N,
+     the counter sees no matmul for them): 0.3% at the bench shape.
 2. BP (our model + methods code) vs a plain nanoGPT-style loop of the same shape written independently below
    (nn.Linear/LayerNorm/SDPA, AdamW, clip): our per-step time must be no worse. Rounds alternate between the two
    (and the matmul probe) so that machine-load drift hits both; medians are reported.
@@ -24,6 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.memory import PeakPSS
@@ -31,8 +53,23 @@ from gradfidelity.harness.threads import configure_threads
 from gradfidelity.studies.local.async_runtime import train_async
 from gradfidelity.studies.local.config import StudyConfig, TrainConfig
 from gradfidelity.studies.local.data import batch_offsets, embedded_enwik8
+from gradfidelity.studies.local.memory import bp_steps
 from gradfidelity.studies.local.methods import Optimizers, bp_backward
-from gradfidelity.studies.local.model import build_model, flops_per_token
+from gradfidelity.studies.local.model import ModelConfig, build_model, flops_per_token
+
+# Which count the headline MFU (`bp_mfu_vs_matmul`, `plain_mfu_vs_matmul`) uses; the other is reported beside it.
+FLOP_COUNT_USED = "nanogpt"
+FLOP_COUNT_NOTES = {
+    "nanogpt": "6N + 12 L T D per token (nanoGPT, PaLM appendix B; model.flops_per_token): 6N = forward + backward "
+               "of every weight, N excluding the token and position embeddings (biases and LayerNorm gains "
+               "included); 12 L T D = forward + backward (x3) of attention's Q K^T and A V matmuls (2 T D each per "
+               "token and layer forward), causal masking not discounted",
+    "flop_counter": "torch.utils.flop_counter.FlopCounterMode over one training step (zero_grad, forward, backward, "
+                    "clip, AdamW; it counts matmuls only), attention ops excluded, + attention by hand: 4 B T^2 D "
+                    "per layer forward (Q K^T and A V), x3 for forward + backward = 12 L T D per token, causal "
+                    "masking not discounted (the counter does not count CPU SDPA, "
+                    "aten._scaled_dot_product_flash_attention_for_cpu: counter_counts_cpu_sdpa)",
+}
 
 
 # ----------------------------------------------------------------------------------------------- plain reference
@@ -77,6 +114,45 @@ def matmul_gflops(n: int = 1024, reps: int = 8) -> float:
     return 2 * n**3 * reps / best / 1e9
 
 
+def attention_flops_per_token(n_layer: int, seq_len: int, d_model: int) -> float:
+    """Training FLOPs per token of attention's two activation matmuls, Q K^T and A V: 4 B T^2 D per layer forward
+    (2 B T^2 D each, every query against all T keys: the causal mask not discounted), x3 for forward + backward,
+    divided by the B T tokens: 12 L T D, nanoGPT's attention term."""
+    return 3.0 * 4 * n_layer * seq_len * d_model
+
+
+def counted_flops_per_token(step, cfg: ModelConfig, batch_size: int, seq_len: int) -> dict:
+    """The `flop_counter` count: torch's FlopCounterMode over `step()` (one training step of a model of shape `cfg`
+    on batch_size x seq_len tokens), per token, its attention ops (if it sees any) replaced by the hand count
+    `attention_flops_per_token` (CPU SDPA it does not see; see the module docstring)."""
+    with FlopCounterMode(display=False) as counter:
+        step()
+    tokens = batch_size * seq_len
+    by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    sdpa = sum(n for op, n in by_op.items() if "attention" in op)
+    rest = (counter.get_total_flops() - sdpa) / tokens
+    by_hand = attention_flops_per_token(cfg.n_layer, seq_len, cfg.d_model)
+    return {"per_token": rest + by_hand, "counter_non_attention_per_token": rest,
+            "attention_by_hand_per_token": by_hand, "counter_counts_cpu_sdpa": bool(sdpa),
+            "counter_attention_per_token": sdpa / tokens,
+            "counter_by_op_per_token": {op: n / tokens for op, n in sorted(by_op.items())},
+            "note": FLOP_COUNT_NOTES["flop_counter"]}
+
+
+def _count_training_step(mcfg: ModelConfig, t: TrainConfig, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """`counted_flops_per_token` of one BP training step (ours: zero_grad, forward, backward, clip, AdamW) on the
+    batch `x`, `y`, with a model and optimizer built for the count alone (the timed ones are left untouched)."""
+    model = build_model(mcfg, 0)
+    opts = Optimizers([list(model.parameters())], t)
+
+    def step():
+        opts.zero_grad()
+        bp_backward(model, x, y)
+        opts.clip_and_step(t.lr)
+
+    return counted_flops_per_token(step, mcfg, x.shape[0], x.shape[1])
+
+
 def _timed_steps(step, k: int) -> float:
     t0 = time.perf_counter()
     for _ in range(k):
@@ -93,14 +169,7 @@ def _pss_child(which: str, t: TrainConfig, width: int, data: torch.Tensor, steps
     offsets = batch_offsets(len(data), t.block_size, t.batch_size, steps, 0)
     if which == "bp":
         torch.set_num_threads(t.bp_threads)
-        opts = Optimizers([list(model.parameters())], t)
-        from gradfidelity.studies.local.data import get_batch
-
-        for i in range(steps):
-            x, y = get_batch(data, offsets[i], t.block_size)
-            opts.zero_grad()
-            bp_backward(model, x, y)
-            opts.clip_and_step(t.lr)
+        bp_steps(model, t, data, offsets)
     else:
         train_async(which, model, t, data, offsets)
 
@@ -151,6 +220,7 @@ def run_bench(s: StudyConfig, out: Path) -> dict:
         torch.nn.utils.clip_grad_norm_(plain.parameters(), t.grad_clip)
         popt.step()
 
+    counted = _count_training_step(mcfg, t, x, y)  # the independent FLOP count, on a model of its own
     ours_step()
     plain_step()  # warm-up
     rates, t_ours, t_plain = [], [], []
@@ -163,16 +233,25 @@ def run_bench(s: StudyConfig, out: Path) -> dict:
     # Median of rounds on both sides (the issue's definition): a loaded moment moves both medians alike, where the
     # best probe against a median step would flatter the machine and understate the utilisation.
     rate = statistics.median(rates)
-    fpt = flops_per_token(mcfg, n_params)
     tokens = b["batch_size"] * b["block_size"]
-    ours_gflops = fpt * tokens / statistics.median(t_ours) / 1e9
-    plain_gflops = fpt * tokens / statistics.median(t_plain) / 1e9
+    counts = {"nanogpt": {"per_token": flops_per_token(mcfg, n_params), "attention_per_token":
+                          attention_flops_per_token(mcfg.n_layer, b["block_size"], mcfg.d_model),
+                          "note": FLOP_COUNT_NOTES["nanogpt"]},
+              "flop_counter": counted}
+    for c in counts.values():  # model GFLOP/s and MFU of both loops (one shape: one model count) under each count
+        c["bp_model_gflops"] = c["per_token"] * tokens / statistics.median(t_ours) / 1e9
+        c["plain_model_gflops"] = c["per_token"] * tokens / statistics.median(t_plain) / 1e9
+        c["bp_mfu_vs_matmul"] = c["bp_model_gflops"] / rate
+        c["plain_mfu_vs_matmul"] = c["plain_model_gflops"] / rate
+    used = counts[FLOP_COUNT_USED]
     res = {
-        "settings": b, "n_params": n_params, "flops_per_token": fpt,
+        "settings": b, "n_params": n_params, "flops_per_token": used["per_token"],
+        "flop_count_used": FLOP_COUNT_USED, "flop_counts": counts,
         "matmul_gflops": rate, "matmul_gflops_rounds": rates,
         "bp_step_s": statistics.median(t_ours), "plain_step_s": statistics.median(t_plain),
-        "bp_model_gflops": ours_gflops, "plain_model_gflops": plain_gflops,
-        "bp_mfu_vs_matmul": ours_gflops / rate, "plain_mfu_vs_matmul": plain_gflops / rate,
+        "bp_model_gflops": used["bp_model_gflops"], "plain_model_gflops": used["plain_model_gflops"],
+        "bp_mfu_vs_matmul": used["bp_mfu_vs_matmul"], "plain_mfu_vs_matmul": used["plain_mfu_vs_matmul"],
+        "bp_mfu_vs_matmul_flop_counter": counts["flop_counter"]["bp_mfu_vs_matmul"],
         "bp_speed_vs_plain": statistics.median(t_plain) / statistics.median(t_ours),
         "pss_idle_gib": pss_idle, "pss_bp_gib": pss_bp, "pss_rgc_async_gib": pss_rgc,
         "pss_ratio_rgc_async_over_bp": pss_rgc / pss_bp,
@@ -183,5 +262,6 @@ def run_bench(s: StudyConfig, out: Path) -> dict:
     res["meets"] = {"mfu": res["bp_mfu_vs_matmul"] >= 0.70, "no_slower_than_plain": res["bp_speed_vs_plain"] >= 0.95,
                     "pss": res["pss_ratio_rgc_async_over_bp"] <= 1.5}
     atomic_write_json(out, res)
-    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items() if k not in ("settings",)})
+    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
+           if k not in ("settings", "flop_counts")})
     return res

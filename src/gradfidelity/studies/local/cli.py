@@ -37,20 +37,29 @@ def _cell(args) -> int:
     return 0
 
 
+def _memory(args) -> int:
+    from gradfidelity.studies.local.memory import run_probe
+
+    run_probe(_config(args, "memory"), cfg_from_json(args.cfg, "local"), args.cell, Path(args.data),
+              Path(args.run_dir))
+    return 0
+
+
 def _aggregate(args) -> int:
-    from gradfidelity.studies.local.aggregate import write_aggregate
+    from gradfidelity.studies.local.aggregate import write_aggregate, write_memory_aggregate
 
     write_aggregate(args.runs, args.scale, Path(args.out))
+    write_memory_aggregate(args.memory_runs, args.scale, Path(args.memory_out))
     return 0
 
 
 def _tables(args) -> int:
-    from gradfidelity.studies.local.aggregate import read_aggregate
+    from gradfidelity.studies.local.aggregate import read_aggregate, read_memory
     from gradfidelity.studies.local.tables import write_tables
 
     out = {"aggregate": Path(args.aggregate), **{k: Path(getattr(args, k)) for k in (
-        "main_csv", "main_md", "mech_csv", "mech_md")}}
-    write_tables(read_aggregate(args.aggregate), _config(args, "tables"), out)
+        "main_csv", "main_md", "mech_csv", "mech_md", "mem_csv", "mem_md")}}
+    write_tables(read_aggregate(args.aggregate), _config(args, "tables"), out, read_memory(args.memory))
     return 0
 
 
@@ -66,7 +75,8 @@ def _figures(args) -> int:
 def _claims(args) -> int:
     from gradfidelity.studies.local.claims import write_claims
 
-    tables = {"aggregate": args.aggregate, "main": args.main_csv, "mechanism": args.mech_csv}
+    tables = {"aggregate": args.aggregate, "memory": args.memory, "main": args.main_csv,
+              "mechanism": args.mech_csv, "memory_table": args.mem_csv}
     write_claims(_config(args, "claims"), args.scale, tables, Path(args.out))
     return 0
 
@@ -113,15 +123,23 @@ def register(sub) -> None:
     add_run_args(p)  # --run-dir: with {method} in place of each method's name; --cell: corpus, width, seed
     p.set_defaults(func=_cell)
 
-    p = sub.add_parser("local-aggregate", help="study C: run directories -> one tidy CSV")
+    p = sub.add_parser("local-memory", help="study C: C3's memory probe (BP and async RGC, each beside its bare tree)")
+    p.add_argument("--cfg", required=True, help="JSON {\"train\": local.train, \"memory\": local.memory}")
+    p.add_argument("--data", required=True, help="folder with train.bin/meta.json")
+    add_run_args(p)  # --run-dir: the probe's run directory; --cell: width, seed
+    p.set_defaults(func=_memory)
+
+    p = sub.add_parser("local-aggregate", help="study C: run directories -> tidy CSVs (training runs, memory probes)")
     p.add_argument("--scale", required=True)
     p.add_argument("--runs", nargs="+", required=True)
+    p.add_argument("--memory-runs", nargs="+", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--memory-out", required=True)
     p.set_defaults(func=_aggregate)
 
     p = sub.add_parser("local-tables", help="study C: tidy CSV -> main and mechanism tables")
     p.add_argument("--cfg", required=True)
-    for k in ("aggregate", "main-csv", "main-md", "mech-csv", "mech-md"):
+    for k in ("aggregate", "memory", "main-csv", "main-md", "mech-csv", "mech-md", "mem-csv", "mem-md"):
         p.add_argument(f"--{k}", required=True)
     p.set_defaults(func=_tables)
 
@@ -134,7 +152,7 @@ def register(sub) -> None:
     p = sub.add_parser("local-claims", help="study C: tidy CSV -> claim evidence")
     p.add_argument("--cfg", required=True)
     p.add_argument("--scale", required=True)
-    for k in ("aggregate", "main-csv", "mech-csv", "out"):
+    for k in ("aggregate", "memory", "main-csv", "mech-csv", "mem-csv", "out"):
         p.add_argument(f"--{k}", required=True)
     p.set_defaults(func=_claims)
 

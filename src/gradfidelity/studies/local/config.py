@@ -136,6 +136,17 @@ class BenchConfig:
 
 
 @dataclass(frozen=True)
+class MemoryConfig:
+    """C3's memory probe (memory.py): a few training steps at a size where the model's state counts, each method
+    beside its own bare process tree."""
+
+    width: int
+    n_layer: int
+    steps: int
+    seeds: int
+
+
+@dataclass(frozen=True)
 class StudyConfig:
     """The whole section; a job's config holds only the keys it reads (`rules.JOB_KEYS`), the others are None."""
 
@@ -144,6 +155,9 @@ class StudyConfig:
     seeds: int | None
     methods: tuple[str, ...] | None
     side_seeds: int | None  # 0 = seeds
+    side_methods: tuple[str, ...] | None  # empty = the main cell's methods
+    power_seeds: int | None  # 0 = no power cells
+    power_methods: tuple[str, ...] | None  # empty = BP and async Broadcast (C4's arms)
     mechanism_seeds: int | None  # 0 = seeds
     mechanism_corpora: tuple[str, ...] | None
     mechanism_widths: tuple[int, ...] | None
@@ -152,6 +166,7 @@ class StudyConfig:
     corpora: Corpora | None
     train: TrainConfig | None
     bench: BenchConfig | None
+    memory: MemoryConfig | None
 
     def __post_init__(self):
         if self.widths is not None and self.train is not None:
@@ -162,6 +177,21 @@ class StudyConfig:
             raise UserError(f"local.main_width={self.main_width} is not one of local.widths={list(self.widths)}")
         if self.methods is not None and "bp" not in self.methods:
             raise UserError(f"local.methods={list(self.methods)}: must include 'bp' and only {list(METHODS)}")
+        for key in ("side_methods", "power_methods"):
+            listed = getattr(self, key)
+            if listed and self.methods is not None and not set(listed) <= set(self.methods) & set(MAIN):
+                raise UserError(f"local.{key}={list(listed)}: each must be a main-cell method of local.methods "
+                                f"({[m for m in MAIN if m in self.methods]})")
+        if self.power_seeds and self.seeds is not None and self.power_seeds <= self.seeds:
+            raise UserError(f"local.power_seeds={self.power_seeds} must exceed local.seeds={self.seeds} (the power "
+                            "cells are seeds seeds..power_seeds-1; 0 = none)")
+        if self.memory is not None and self.train is not None:
+            if self.memory.n_layer % self.train.n_stages:
+                raise UserError(f"local.memory.n_layer={self.memory.n_layer} is not divisible by "
+                                f"local.train.n_stages={self.train.n_stages}")
+            if self.memory.width % self.train.n_head:
+                raise UserError(f"local.memory.width={self.memory.width} is not divisible by "
+                                f"local.train.n_head={self.train.n_head}")
 
     def require(self, keys: tuple[str, ...], job: str) -> StudyConfig:
         """This config, after checking that `job` was given every key it reads (a hand-written --cfg may lack one)."""

@@ -12,17 +12,31 @@ Sources (docs/sources.md, section "Study C"):
                `<|endoftext|>`. No checksum is published: we check that the file is non-empty UTF-8 text with the
                separator. train file -> train split; valid file -> val (first half of its stories) and test.
 
+`source: file` (`prepare_file`) takes any byte file, e.g. the user's own text. It cannot go wrong silently: a zip (of
+exactly one file), gzip, xz or bz2 file is recognised by its magic bytes and unpacked, as `source: path` unpacks
+enwik8.zip (a tar, zstd or 7z file is refused, naming the format); a text that is not mostly printable ASCII or UTF-8
+gets a warning stating the fraction (`check_text`); an MD5 mismatch names the key to set and both MD5s.
+
 Prepared splits are raw byte files `<out>/{train,val,test}.bin` plus `meta.json` (source, sizes, md5).
 """
 
 from __future__ import annotations
 
+import bz2
+import contextlib
+import gzip
 import hashlib
+import logging
+import lzma
 import random
+import re
 import shutil
 import urllib.request
 import zipfile
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -39,6 +53,8 @@ TINYSTORIES_BASE = "https://huggingface.co/datasets/roneneldan/TinyStories/resol
 TINYSTORIES_FILES = {"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt"}
 EOT = "<|endoftext|>"
 SPLITS = ("train", "val", "test")
+
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------- utilities
@@ -74,6 +90,106 @@ def verify(path: Path, size: int, md5: str) -> None:
         raise UserError(f"{path}: MD5 {digest}, expected {md5} (corrupt or wrong file)")
 
 
+# Compressed formats by their magic bytes: the ones the standard library unpacks, and the ones refused (zstd needs
+# Python 3.14's compression.zstd, 7z a third-party package; a tar holds several files, not one text).
+_UNPACKED = {"zip": (b"PK\x03\x04", b"PK\x05\x06"), "gzip": (b"\x1f\x8b\x08",), "xz": (b"\xfd7zXZ\x00",)}
+_REFUSED = {"zstd": b"\x28\xb5\x2f\xfd", "7z": b"7z\xbc\xaf\x27\x1c"}
+_BZ2 = re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)")  # stream header + first block (or end-of-stream) magic
+
+
+def archive_format(path: Path) -> str | None:
+    """'zip', 'gzip', 'xz', 'bz2', 'zstd' or '7z' by the file's first bytes (not its name); None for anything else."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    for fmt, magics in _UNPACKED.items():
+        if head.startswith(magics):
+            return fmt
+    if _BZ2.match(head):
+        return "bz2"
+    return next((fmt for fmt, magic in _REFUSED.items() if head.startswith(magic)), None)
+
+
+@contextlib.contextmanager
+def open_unpacked(path: Path, fmt: str, member: str | None = None) -> Iterator[BinaryIO]:
+    """The unpacked bytes of `path` (`fmt` from `archive_format`: zip, gzip, xz or bz2) as a binary stream. A zip
+    gives its member `member`, or, when `member` is None, its one file (none or several: a UserError naming the
+    path and the members)."""
+    if fmt == "zip":
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            if member is None:
+                files = [n for n in names if not n.endswith("/")]  # folder entries hold no bytes
+                if len(files) != 1:
+                    raise UserError(f"{path}: a zip must hold exactly one file to be used as a corpus; it holds "
+                                    f"{len(files)}: {files[:10]}{' ...' if len(files) > 10 else ''} (unzip it and "
+                                    f"point the path at the one text file)")
+                member = files[0]
+            elif member not in names:
+                raise UserError(f"{path}: zip has no member '{member}' (members: {names[:5]})")
+            with z.open(member) as f:
+                yield f
+    else:
+        opener = {"gzip": gzip.open, "xz": lzma.open, "bz2": bz2.open}.get(fmt)
+        if opener is None:
+            raise UserError(f"{path}: cannot unpack a {fmt} file here")
+        with opener(path, "rb") as f:
+            yield f
+
+
+def read_unpacked(path: Path, fmt: str) -> bytes:
+    """All the bytes of the archive `path` unpacked (a zip: its one file); a damaged archive is a UserError
+    naming the path and the format."""
+    try:
+        with open_unpacked(path, fmt) as f:
+            return f.read()
+    except (OSError, EOFError, lzma.LZMAError, zipfile.BadZipFile, zlib.error) as e:
+        raise UserError(f"{path}: looks like a {fmt} file (by its first bytes) but cannot be unpacked: {e}") from e
+
+
+# Text check of `source: file`: the share of sampled bytes that are neither printable ASCII (with tab, newline, CR)
+# nor part of a valid UTF-8 multi-byte character. Real text scores 0 (the Python documentation, UTF-8 prose with
+# accents); random bytes about 55%.
+NON_TEXT_WARN = 0.05
+_SAMPLE_CHUNK, _SAMPLE_CHUNKS = 1 << 14, 64
+# after decoding with surrogateescape: ASCII controls other than tab/newline/CR, DEL, and the undecodable bytes
+_NON_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\udc80-\udcff]")
+
+
+def _char_start(blob: bytes, i: int) -> int:
+    """`i`, moved past at most 3 UTF-8 continuation bytes: a sample chunk does not cut a character of real text."""
+    j = i
+    while j < min(i + 3, len(blob)) and 0x80 <= blob[j] < 0xC0:
+        j += 1
+    return j
+
+
+def non_text_fraction(blob: bytes) -> tuple[float, int]:
+    """(fraction of non-text bytes, sample size): the whole blob up to 1 MiB, else 64 evenly spaced chunks of about
+    16 KiB (each starting and ending on a UTF-8 character boundary)."""
+    if len(blob) <= _SAMPLE_CHUNK * _SAMPLE_CHUNKS:
+        chunks = [blob]
+    else:
+        step = (len(blob) - _SAMPLE_CHUNK) // (_SAMPLE_CHUNKS - 1)
+        chunks = [blob[_char_start(blob, i * step):_char_start(blob, i * step + _SAMPLE_CHUNK)]
+                  for i in range(_SAMPLE_CHUNKS)]
+    n = sum(len(c) for c in chunks)
+    bad = sum(len(_NON_TEXT.findall(c.decode("utf-8", errors="surrogateescape"))) for c in chunks)
+    return (bad / n if n else 0.0), n
+
+
+def check_text(blob: bytes, path: Path, key: str) -> float:
+    """Warn (logging, to stderr in the job's log) when more than 5% of a sample of `blob` is not text; returns the
+    fraction. A warning, not an error: a byte-level model trains on any bytes, and no config key could override a
+    refusal; the fraction is also recorded in meta.json (`non_text_fraction`)."""
+    frac, n = non_text_fraction(blob)
+    if frac > NON_TEXT_WARN:
+        log.warning("WARNING: %s: %s does not look like text: %.1f%% of a %d-byte sample is neither printable ASCII "
+                    "(with tab, newline, CR) nor UTF-8 (more than %.0f%%). Training goes ahead on these bytes; if "
+                    "this is not the file you meant, check %s.path.", key, path, 100 * frac, n, 100 * NON_TEXT_WARN,
+                    key)
+    return frac
+
+
 def _write_splits(out: Path, parts: dict[str, bytes], meta: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, blob in parts.items():
@@ -100,11 +216,9 @@ def prepare_enwik8(out: Path, local: Path | None = None) -> None:
     else:
         src = download(url, out / "enwik8.zip")
     if zipfile.is_zipfile(src):
-        with zipfile.ZipFile(src) as z:
-            if "enwik8" not in z.namelist():
-                raise UserError(f"{src}: zip has no member 'enwik8' (members: {z.namelist()[:5]})")
+        with open_unpacked(src, "zip", member="enwik8") as fin:
             out.mkdir(parents=True, exist_ok=True)
-            with z.open("enwik8") as fin, open(raw, "wb") as fout:
+            with open(raw, "wb") as fout:
                 shutil.copyfileobj(fin, fout, length=1 << 22)
         data_path = raw
     else:
@@ -250,24 +364,46 @@ def prepare_embedded(corpus: str, out: Path, n_bytes: int) -> None:
 def prepare_file(corpus: str, path: Path, out: Path, split: tuple[float, ...] = (0.9, 0.05, 0.05),
                  md5: str = "") -> None:
     """Any byte file -> contiguous train/val/test splits by the fractions in `split` (enwik8's own 90/5/5 layout
-    by default). The file's MD5 goes into meta.json (and must equal `md5` when given)."""
+    by default).
+
+    `md5` (when given) is checked against the MD5 of the file *as given*, before any unpacking: for foo.txt.gz it is
+    the MD5 of foo.txt.gz (what `md5sum foo.txt.gz` prints). That MD5 goes into meta.json (`md5`, with `file_bytes`).
+    A zip (of exactly one file), gzip, xz or bz2 file, recognised by its magic bytes, is unpacked first, the way
+    `source: path` unpacks enwik8.zip; meta.json records `unpacked` (the format, or null) and the unpacked text's
+    `text_bytes` and `text_md5`. A tar, zstd or 7z file is refused. A text that is not mostly printable ASCII or
+    UTF-8 gets a warning (`check_text`), its `non_text_fraction` recorded."""
+    key = f"local.corpora.{corpus}"
     if not path.is_file():
-        raise UserError(f"local.corpora.{corpus}.path: {path} is not a file")
+        raise UserError(f"{key}.path: {path} is not a file")
     if len(split) != 3 or any(f <= 0 for f in split) or abs(sum(split) - 1.0) > 1e-9:
-        raise UserError(f"local.corpora.{corpus}.split={list(split)}: three positive fractions that sum to 1")
+        raise UserError(f"{key}.split={list(split)}: three positive fractions that sum to 1")
     digest = md5_of(path)
     if md5 and digest != md5.lower():
-        raise UserError(f"{path}: MD5 {digest}, expected {md5} (local.corpora.{corpus}.md5)")
-    blob = path.read_bytes()
+        raise UserError(f"{key}.md5: {path} has MD5 {digest}, expected {md5}. For your own file set "
+                        f"`md5: \"\"` (no check) or `md5: {digest}` under {key} in your --configfile (an `md5` set by "
+                        f"the scale's config is that of its own file, and an override of `path` alone keeps it)")
+    fmt = archive_format(path)
+    if fmt in _REFUSED:
+        raise UserError(f"{path}: a {fmt} file; {key} unpacks only zip, gzip, xz and bz2: unpack it yourself and "
+                        f"set {key}.path to the text file")
+    blob = read_unpacked(path, fmt) if fmt else path.read_bytes()
+    if blob[257:262] == b"ustar":
+        raise UserError(f"{path}: a tar archive{f' (inside the {fmt} file)' if fmt else ''}, not one text: extract "
+                        f"it (tar -xf) and set {key}.path to the text file")
+    if fmt:
+        print(f"{path}: unpacked the {fmt} file ({path.stat().st_size} -> {len(blob)} bytes)")
+    frac = check_text(blob, path, key)
     a = int(split[0] * len(blob))
     b = a + int(split[1] * len(blob))
     parts = {"train": blob[:a], "val": blob[a:b], "test": blob[b:]}
     for name, part in parts.items():
         if len(part) < 2048:
-            raise UserError(f"{path}: the {name} split has {len(part)} bytes (file of {len(blob)} bytes, split "
-                            f"{list(split)}): too small to train or evaluate on")
+            raise UserError(f"{path}: the {name} split has {len(part)} bytes (file of {len(blob)} bytes"
+                            f"{' unpacked' if fmt else ''}, split {list(split)}): too small to train or evaluate on")
     _write_splits(out, parts, {"corpus": corpus, "source": f"file:{path.name}", "md5": digest, "file": str(path),
-                               "file_bytes": len(blob), "split": list(split)})
+                               "file_bytes": path.stat().st_size, "unpacked": fmt,
+                               "text_bytes": len(blob), "text_md5": hashlib.md5(blob).hexdigest() if fmt else digest,
+                               "non_text_fraction": round(frac, 4), "split": list(split)})
 
 
 def concat_tree(root: Path, suffix: str, out: Path) -> str:

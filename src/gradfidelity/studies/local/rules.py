@@ -15,7 +15,8 @@ from gradfidelity.studies.local import plan
 from gradfidelity.studies.local.config import CORPORA, StudyConfig
 
 # The keys of the `local` section each job reads (its config holds only these; the rest are None there). Jobs:
-# data (rule local_data), train (local_main, local_mechanism: one paired cell), tables, figures, claims, bench.
+# data (rule local_data), train (local_main, local_side, local_power, local_mechanism: one paired cell), tables,
+# figures, claims, bench, memory (local_memory: C3's probe).
 JOB_KEYS = {
     "data": ("corpora",),  # and of it only the job's own corpus (`data_cfg`)
     "train": ("train",),  # the model and optimisation; the cell's data come as an input, its identity as wildcards
@@ -23,6 +24,7 @@ JOB_KEYS = {
     "figures": ("main_width", "margin_pct"),
     "claims": ("main_width", "margin_pct", "equivalence_bpb", "mechanism_corpora", "mechanism_widths"),
     "bench": ("train", "bench"),
+    "memory": ("train", "memory"),  # C3's probe: the training settings at the probe's width and depth
 }
 # The keys of a corpus entry the data job reads (its widths and seeds are the plan's).
 DATA_KEYS = ("source", "path", "embedded_bytes", "split", "md5")

@@ -1,8 +1,6 @@
-"""The two paper tables of study C (main, mechanism): the per-cell statistics of `stats.py`, formatted; nothing is
+"""The paper tables of study C (main, mechanism, memory): the statistics of `stats.py`, formatted; nothing is
 computed here. The CSV keeps every column; the Markdown view joins each estimate with its interval, labelled with
-the registry's interval level (the level `stats.py` computes the ratio intervals at). The main table's note on the
-speed-up decomposition says "see tables.py" (kept, so the table's text is unchanged): its definition is in the
-docstring of stats.py."""
+the registry's interval level (the level `stats.py` computes the ratio intervals at)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from gradfidelity.claims.registry import interval_level
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
 from gradfidelity.studies.local.aggregate import LABEL
 from gradfidelity.studies.local.config import StudyConfig
-from gradfidelity.studies.local.stats import main_table, mechanism_table
+from gradfidelity.studies.local.stats import CONTROL, main_table, mechanism_table, memory_table
 from gradfidelity.tables import markdown
 
 
@@ -43,8 +41,9 @@ def _readable_main(main: pd.DataFrame) -> pd.DataFrame:
         best = ""
         if isinstance(r.get("best_bp"), str):
             best = f"{LABEL[r['best_bp']]}, {r['best_bp_threads']:g} thr"
+        label = LABEL[r.method] + (": zero-gap control" if r.method == CONTROL else "")
         rows.append({
-            "corpus": f"{r.corpus} ({r.source})", "width": r.width, "method": LABEL[r.method], "n": r.n,
+            "corpus": f"{r.corpus} ({r.source})", "width": r.width, "method": label, "n": r.n,
             "diverged": r.diverged_seeds,
             "threads (BP/method)": f"{r.threads_bp:g}/{r.threads_method:g}",
             f"x BP ({ci})": _ci(r, "ratio_vs_bp", "ratio_low", "ratio_high"),
@@ -55,7 +54,8 @@ def _readable_main(main: pd.DataFrame) -> pd.DataFrame:
             "bpb (BP/method)": (f"{r['bpb_bp']:.3f}/{r['bpb_method']:.3f}"
                                 if np.isfinite(r.get("bpb_bp", math.nan)) else ""),
             "mean gap %": r.get("mean_gap_pct"), "upper %": r.get("upper_pct"),
-            "seeds 80%": r.get("seeds_80pct"), "verdict": r.verdict, "joint": r.joint,
+            "seeds 80%": r.get("seeds_80pct"), "fails at gap 0": r.get("fails_at_zero_gap"),
+            "verdict": r.verdict, "joint": r.joint if r.method != CONTROL else "",
         })
     return pd.DataFrame(rows)
 
@@ -67,12 +67,30 @@ def _write(df_csv: pd.DataFrame, df_md: pd.DataFrame, csv: Path, md: Path, title
 
 
 SOURCE_NOTE = ("corpus source `embedded` = the deterministic built-in stand-in corpus (no download possible on this "
-               "machine), not the real enwik8/TinyStories; `file:<name>` = a byte file given by the user (its MD5 "
-               "is in the data folder's meta.json and in docs/sources.md)")
+               "machine), not the real enwik8/TinyStories; `file:<name>` = a byte file given in the config (its MD5 "
+               "is in the data folder's meta.json; the cpu scale's python-docs file is described in "
+               "docs/sources.md)")
 
 
-def write_tables(df: pd.DataFrame, s: StudyConfig, out: dict[str, Path]) -> None:
-    """Reads train, margin_pct and equivalence_bpb of the config."""
+def _readable_memory(mem: pd.DataFrame) -> pd.DataFrame:
+    ci = f"{interval_level():.0%} CI"
+    rows = []
+    for _, r in mem.iterrows():
+        if r["row"] in LABEL:
+            rows.append({"": LABEL[r["row"]], "n": r.n, "shape": f"w{r.width:g}, {r.n_layer:g} layers",
+                         "peak PSS GiB": r.pss_gib, "own baseline GiB": r.baseline_gib,
+                         "model GiB (peak - baseline)": r.model_gib, "params+grads+AdamW GiB": r.state_gib,
+                         "model share of peak": r.model_share, f"RGC / BP ({ci})": ""})
+        else:
+            what = {"ratio_raw": "RGC / BP, raw peaks",
+                    "ratio_minus_baselines": "RGC / BP, each minus its baseline (C3)"}[r["row"]]
+            rows.append({"": what, "n": r.n, f"RGC / BP ({ci})": _ci(r, "ratio", "ratio_low", "ratio_high")})
+    return pd.DataFrame(rows)
+
+
+def write_tables(df: pd.DataFrame, s: StudyConfig, out: dict[str, Path], mem: pd.DataFrame | None = None) -> None:
+    """Reads train, margin_pct and equivalence_bpb of the config; `mem` is the memory probes' tidy CSV (written to
+    out["mem_csv"] / out["mem_md"] when given)."""
     main = main_table(df, s)
     mech = mechanism_table(df, s)
     t = s.train
@@ -89,7 +107,10 @@ def write_tables(df: pd.DataFrame, s: StudyConfig, out: dict[str, Path]) -> None
             "their rates are in the CSV column bp_rates); upper = one-sided 95% upper bound of the mean gap; margin "
             f"{s.margin_pct}%; joint = non-inferior and CI low (x BP) > 1 and no diverged seed",
             "work x parallel x orch. = T_BP / sum(stage busy) x sum(busy) / max(busy) x max(busy) / wall = the "
-            "speed-up over BP; imb. = max/mean stage busy time (see tables.py)",
+            "speed-up over BP; imb. = max/mean stage busy time (definitions: stats.py)",
+            f"zero-gap control = thread-matched BP against BP: the same arithmetic on {t.async_threads} threads, so "
+            "its true gap is 0; its row shows what the margin test says when nothing differs. fails at gap 0 = how "
+            "often the margin test fails for a method exactly as good as BP at this row's sd and n (noncentral t)",
             "PSS = peak process-tree PSS of each method in a fresh process of its own; idle = that process "
             "before anything was built (interpreter + torch), the floor every method pays",
             "serial methods are not time-paired with the async ones: their throughput is only indicative"])
@@ -99,3 +120,13 @@ def write_tables(df: pd.DataFrame, s: StudyConfig, out: dict[str, Path]) -> None
             "minus_live_local_bpb and its 90% CI (TOST) against Live Local; equivalence bound "
             f"+-{s.equivalence_bpb} bits per byte",
             f"readout snapshot lag {t.readout_lag} steps, refreshed every {t.snapshot_every}"])
+    if mem is not None:
+        _write(memory_table(mem), _readable_memory(memory_table(mem)), out["mem_csv"], out["mem_md"],
+               "Study C memory (C3): each method beside its own bare process tree",
+               ["peak PSS = peak process-tree PSS over a few training steps, in a fresh process per measurement; own "
+                "baseline = the same process tree started without the model (BP: one interpreter; async RGC: the "
+                f"training process, the forkserver and {t.n_stages} stage processes), so the interpreters cancel out "
+                "of the difference", "model GiB = peak - own baseline: parameters, gradients, AdamW state, "
+                "activations and (async) the shared-memory rings; params+grads+AdamW = 16 bytes per parameter",
+                "C3 is decided on the baseline-subtracted ratio; the raw ratio counts interpreters (async RGC runs "
+                f"{t.n_stages + 2} of them, BP one)"])
