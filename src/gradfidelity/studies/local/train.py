@@ -28,6 +28,13 @@ from gradfidelity.errors import UserError
 from gradfidelity.studies.local.config import ASYNC, CORPORA, METHODS, TrainConfig
 
 CELL_KEYS = ("corpus", "width", "seed")  # the training rules' wildcards
+# How often a training run samples its tree's PSS. Reading /proc/<pid>/smaps_rollup walks the process's page
+# tables: every 50 ms (round 2) it took about a quarter of a core per process, which on 2 cores slowed exactly the
+# runs that use both cores (measured 2026-12-03, BP at width 64: 2 threads 50.1 ms a step with the 50 ms sampler
+# against 34.7 without; 1 thread 45.0 vs 43.1), so 2-thread BP looked slower than 1-thread BP and the async
+# methods paid for a sampler BP ran beside. Once a second it costs about 1%; the peak of a steady training loop is
+# still caught, and C3's memory probe (memory.py) samples every 20 ms in runs where nothing is timed.
+TRAINING_PSS_INTERVAL_S = 1.0
 
 
 def run_job(t: TrainConfig, cfg: dict, methods: list[str], cell: dict, data_dir: Path, run_dir: str) -> None:
@@ -94,7 +101,7 @@ def run_method(method: str, t: TrainConfig, cfg: dict, cell: dict, data_dir: Pat
              sample_memory=False) as run:  # one PSS sampler (ours, over the training window) is enough
         model = build_model(t.model(width), seed)
         n_params = sum(p.numel() for p in model.parameters())
-        with PeakPSS() as mem:
+        with PeakPSS(interval=TRAINING_PSS_INTERVAL_S) as mem:
             if method in ASYNC:
                 res = train_async(method, model, t, train, offsets)
             else:
