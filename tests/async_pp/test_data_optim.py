@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pandas as pd
@@ -136,3 +137,24 @@ def test_muon_lr_is_width_adjusted():
         rms[d] = float((w.detach() - before).pow(2).mean().sqrt())
     assert rms[16] == pytest.approx(rms[64], rel=0.25)  # Keller Jordan's factor would differ by ~2x here
     assert rms[64] == pytest.approx(0.2 * 1e-2, rel=0.25)
+
+
+def test_the_lr_grid_grows_past_a_winning_edge_until_the_optimum_is_bracketed():
+    """A made-up loss surface whose optimum (12x) lies above the grid: 2x steps past the edge, one round at a time,
+    until the best point has a worse neighbour on both sides; the low edge the same way; a diverged neighbour
+    brackets too."""
+    from gradfidelity.studies.async_pp.lr_select import choose, extension
+
+    def surface(m):
+        return (math.log2(m) - math.log2(12.0)) ** 2
+
+    grid = {m: surface(m) for m in (0.5, 1, 2, 4)}
+    added = []
+    while new := extension(grid):
+        added += new
+        grid.update({m: surface(m) for m in new})
+    assert added == [8.0, 16.0, 32.0] and choose(grid) == 16.0
+    low = {m: (math.log2(m) + 3) ** 2 for m in (0.5, 1, 2, 4)}  # optimum at 1/8
+    assert extension(low) == [0.25]
+    assert extension({1: 2.0, 2: 1.0, 4: math.nan}) == []
+

@@ -31,6 +31,20 @@ def choose(grid: dict[float, float]) -> float:
     return min(m for m, v in finite.items() if v == best)
 
 
+def extension(grid: dict[float, float], factor: float = 2.0) -> list[float]:
+    """The multipliers to add so that the chosen one is bracketed: none when the winner has a grid point on both
+    sides (a diverged neighbour counts: it is worse), else one point `factor` past the winning edge (issue 25: Adan,
+    Lion and MARS won at the top of round 2's grid, and Adan at 8x was 0.04 nats better than at 4x). Applied round
+    after round (each round's runs, then this again) until it returns nothing."""
+    best = choose(grid)
+    ms = sorted(grid)
+    if best == ms[-1]:
+        return [best * factor]
+    if best == ms[0]:
+        return [best / factor]
+    return []
+
+
 def select(metrics_paths: list[str], scale: str) -> dict:
     """The grid runs' metrics.json (the rule's {input}) -> the selection document. Each run's cell is read from its
     records (harness.results.cell_of), not from its path."""

@@ -1,0 +1,121 @@
+"""The one-step delay measured as lost compute: the effective compute fraction f(T) (issue 25).
+
+f(T) = S* / T, where T is the async run's budget in steps and S* the budget a *sync* run needs to reach the async
+run's final validation loss. S* is read off a sync length sweep in which every budget is a run with its own full
+schedule (warm-up, constant phase, decay): a point on one run's decaying curve is not what a run of that length
+would reach (round 2's `extra_steps` read 16.5% lost steps off one AdamW curve where the length sweep said about
+41%). Between two budgets the final loss is interpolated linearly in log(steps), the axis on which loss curves are
+closest to straight. 1 - f(T) is the compute the delay costs: 0.25 means the async run got what a sync run gets
+from three quarters of the steps.
+
+Why a fraction and not a gap in nats: a nats gap shrinks as every optimizer approaches its loss floor, whatever the
+delay does (round 2: the embedded corpus's floor made every gap vanish), and it cannot be compared across
+optimizers whose curves have different slopes. Compute is the currency of the paper's question (is the async
+pipeline's throughput worth its delay?), and it does not shrink merely because the loss curve flattens.
+
+The transient gate: a comparison at budget T means something only after the early transient (where the delay's
+cost is still changing with T) and before saturation (where the sync loss no longer moves, so any two runs tie).
+It passes when f(T) and f(2T) agree within their paired interval and the sync loss still falls from T to 2T by more
+than 4 standard errors of the gap at T; else the claim is "not measured", with "transient" or "saturated" as the
+reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gradfidelity.stats.intervals import t_interval
+
+INSIDE, BELOW, ABOVE = "inside", "below_sweep", "above_sweep"
+SATURATION_SE = 4.0  # the sync loss must fall per doubling by more than this many standard errors of the gap
+
+
+@dataclass(frozen=True)
+class Fraction:
+    """f = S*/T, or nan with `where` saying on which side of the sync sweep the target lies."""
+
+    value: float
+    where: str
+
+    @property
+    def lost(self) -> float:
+        """The compute the delay costs, 1 - f."""
+        return 1.0 - self.value
+
+
+def sync_envelope(budgets: Sequence[int], sync_final: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The sweep in budget order with its final losses made non-increasing (running minimum): a larger budget that
+    ends higher than a smaller one is noise near the floor, and the smallest budget that reaches a loss is what a
+    sync run would need."""
+    b, v = np.asarray(budgets, dtype=float), np.asarray(sync_final, dtype=float)
+    if b.ndim != 1 or b.shape != v.shape or len(b) < 2:
+        raise ValueError(f"a sync length sweep needs >= 2 budgets with one final loss each, got {b!r} / {v!r}")
+    if (b <= 0).any() or len(set(b.tolist())) != len(b):
+        raise ValueError(f"sync budgets must be positive and distinct, got {b.tolist()}")
+    if not np.isfinite(v).all():
+        raise ValueError(f"sync final losses must be finite (a diverged sync run is handled before), got {v}")
+    order = np.argsort(b)
+    return b[order], np.minimum.accumulate(v[order])
+
+
+def effective_fraction(budgets: Sequence[int], sync_final: Sequence[float], target: float, T: float) -> Fraction:
+    """f = S*/T with S* the sync budget whose final loss equals `target` (the async run's final loss at budget T),
+    interpolated linearly in log(steps) on the sync sweep's envelope. Outside the sweep f is not extrapolated:
+    nan with where = below_sweep (the async run is worse than the smallest sync budget) or above_sweep (better
+    than the largest)."""
+    if not math.isfinite(target) or T <= 0:
+        raise ValueError(f"target {target!r} and T {T!r} must be finite and positive")
+    b, env = sync_envelope(budgets, sync_final)
+    if target > env[0]:
+        return Fraction(math.nan, BELOW)
+    if target < env[-1]:
+        return Fraction(math.nan, ABOVE)
+    i = int(np.argmax(env <= target))
+    if env[i] == target:  # exactly a budget's loss: that budget, without a round trip through the logarithm
+        return Fraction(float(b[i] / T), INSIDE)
+    frac = (env[i - 1] - target) / (env[i - 1] - env[i])  # env[i-1] > target >= env[i]
+    log_s = math.log(b[i - 1]) + frac * (math.log(b[i]) - math.log(b[i - 1]))
+    return Fraction(float(math.exp(log_s) / T), INSIDE)
+
+
+def per_seed_fractions(budgets: Sequence[int], sync_final: np.ndarray, async_final: np.ndarray,
+                       T: float) -> list[Fraction]:
+    """f per paired seed: `sync_final` is (seeds, budgets), each seed's own sync sweep; `async_final` (seeds,)."""
+    sync_final, async_final = np.atleast_2d(np.asarray(sync_final, float)), np.asarray(async_final, float)
+    if sync_final.shape[0] != len(async_final):
+        raise ValueError(f"{sync_final.shape[0]} sync sweeps vs {len(async_final)} async losses are not paired")
+    return [effective_fraction(budgets, s, a, T) for s, a in zip(sync_final, async_final, strict=True)]
+
+
+@dataclass(frozen=True)
+class TransientGate:
+    passed: bool
+    reason: str  # "" when passed, else "transient" or "saturated" (both: "transient, saturated")
+    detail: str
+
+
+def transient_gate(f_T: Sequence[float], f_2T: Sequence[float], sync_T: Sequence[float],
+                   sync_2T: Sequence[float], gap_T: Sequence[float], level: float) -> TransientGate:
+    """Is budget T past the early transient and short of saturation? Paired per seed:
+    - left the transient: the `level` t interval of f(2T) - f(T) contains 0;
+    - not saturated: mean(sync(T) - sync(2T)) > SATURATION_SE x the standard error of the gap at T."""
+    f1, f2 = np.asarray(f_T, float), np.asarray(f_2T, float)
+    s1, s2, g = np.asarray(sync_T, float), np.asarray(sync_2T, float), np.asarray(gap_T, float)
+    if not (len(f1) == len(f2) == len(s1) == len(s2) == len(g)) or len(f1) < 2:
+        raise ValueError("the transient gate needs >= 2 paired seeds with every value")
+    if not all(np.isfinite(x).all() for x in (f1, f2, s1, s2, g)):
+        raise ValueError("the transient gate needs finite values (f outside the sweep is handled before)")
+    iv = t_interval(f2 - f1, level)
+    settled = iv.low <= 0.0 <= iv.high
+    fall = float(np.mean(s1 - s2))
+    se_gap = float(np.std(g, ddof=1) / math.sqrt(len(g)))
+    moving = fall > SATURATION_SE * se_gap
+    reasons = [r for r, ok in (("transient", settled), ("saturated", moving)) if not ok]
+    detail = (f"f(2T) - f(T) {iv.estimate:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}] "
+              f"({'contains' if settled else 'excludes'} 0); sync loss falls {fall:.4f} from T to 2T vs "
+              f"{SATURATION_SE:g} x SE of the gap = {SATURATION_SE * se_gap:.4f}")
+    return TransientGate(not reasons, ", ".join(reasons), detail)
