@@ -45,6 +45,7 @@ def _refused(clone, tmp_path, override: dict, *config: str) -> str:
     return out
 
 
+@pytest.mark.slow  # a Snakemake dry run each (about 4 s): together they would cost the fast tier ~25 s
 @pytest.mark.parametrize("override,keys", [
     ({"local": {"train": {"n_layer": 3, "n_stages": 2}}},
      ("local.train.n_layer=3", "local.train.n_stages=2")),
@@ -59,6 +60,7 @@ def test_cross_field_check_refuses_the_config_at_load(clone, tmp_path, override,
         assert key in out, out[-3000:]
 
 
+@pytest.mark.slow  # a Snakemake dry run each (about 4 s): together they would cost the fast tier ~25 s
 def test_the_cpu_corpus_at_the_smoke_scale_is_refused_at_load_naming_both_scales(clone, tmp_path):
     """The cpu scale's `local` section (as a user would paste config/cpu/local.yaml under `local:`) at the smoke
     scale: its enwik8 is results/cpu/local/corpus/python-docs-3.11.txt, which no smoke-scale rule makes. Before
@@ -72,6 +74,7 @@ def test_the_cpu_corpus_at_the_smoke_scale_is_refused_at_load_naming_both_scales
         assert text in out, (text, out[-3000:])
 
 
+@pytest.mark.slow  # a Snakemake dry run each (about 4 s): together they would cost the fast tier ~25 s
 def test_the_cpu_scale_keeps_its_own_corpus_which_its_rule_makes(clone):
     """The control: at the cpu scale the same path is made by local_corpus_pydocs, so the workflow loads and plans."""
     res = smk("-n", f"results/cpu/{PYDOCS}", "--config", "scale=cpu", cwd=clone, timeout=120)
@@ -79,6 +82,7 @@ def test_the_cpu_scale_keeps_its_own_corpus_which_its_rule_makes(clone):
     assert res.returncode == 0 and "local_corpus_pydocs" in out and "UserError" not in out, out[-3000:]
 
 
+@pytest.mark.slow  # a Snakemake dry run each (about 4 s): together they would cost the fast tier ~25 s
 def test_a_file_corpus_that_nothing_makes_is_refused_at_load(clone, tmp_path):
     out = _refused(clone, tmp_path, {"local": {"corpora": {"tinystories": {"source": "file",
                                                                            "path": "data/my_stories.txt"}}}})
