@@ -411,3 +411,12 @@ def test_c8_pools_serial_and_async_cells_only_when_bit_identical(tmp_path):
     off = _pooled_arms([2.1, 2.21 + 1e-12, 2.05, 2.3, 2.2], [2.0, 2.1, 1.96, 2.25, 2.0])
     rec = _evidence(tmp_path / "off", off)["C8"]
     assert rec["n"] == 3 and "serial cells only" in rec["detail"] and "seed(s) [1]" in rec["detail"]
+
+
+def test_a_seed_without_one_arm_is_named_with_the_arm(tmp_path):
+    """The power cells run BP and Broadcast only: C1 (RGC vs BP) then pairs seeds 0-2 and says which arm is absent
+    on the others, instead of a bare 'lack a run of some arm'."""
+    ev = _evidence(tmp_path, {(E, 64, "rgc_async"): {"tps": [130.0, 150.0, 120.0]},
+                              (E, 64, "bp"): {"tps": [100.0, 110.0, 90.0, 105.0, 95.0]}})
+    assert ev["C1"]["n"] == 3
+    assert "not paired: RGC (async) (enwik8, w64) has no run on seed(s) [3, 4]" in ev["C1"]["detail"]

@@ -74,6 +74,7 @@ class Aligned:
     values: list[np.ndarray]  # one array per arm, in the order of `seeds`
     diverged: dict[int, list[str]] = field(default_factory=dict)  # dropped seed -> the arms that diverged on it
     missing: list[int] = field(default_factory=list)  # seeds without a run of some arm
+    absent: dict[str, list[int]] = field(default_factory=dict)  # arm label -> the seeds it has no run on
     sources: list[str] = field(default_factory=list)  # run directories of every arm on every seed considered
 
     @property
@@ -92,7 +93,7 @@ def align(df: pd.DataFrame, arms: list[tuple[str, int, str]], col: str) -> Align
         if not a.index.is_unique:
             raise UserError(f"{arm_label((corpus, width, method))}: more than one run per seed")
         per_arm.append(a)
-    kept, diverged, missing, sources = [], {}, [], []
+    kept, diverged, missing, sources, absent = [], {}, [], [], {}
     for seed in sorted(set().union(*(set(a.index) for a in per_arm))):
         rows = [a.loc[seed] if seed in a.index else None for a in per_arm]
         sources += [str(r.run_dir) for r in rows if r is not None]
@@ -101,10 +102,13 @@ def align(df: pd.DataFrame, arms: list[tuple[str, int, str]], col: str) -> Align
             diverged[int(seed)] = bad
         elif any(r is None for r in rows):
             missing.append(int(seed))
+            for arm, r in zip(arms, rows, strict=True):
+                if r is None:
+                    absent.setdefault(arm_label(arm), []).append(int(seed))
         else:
             kept.append(int(seed))
-    return Aligned(list(arms), kept, [a.loc[kept, col].to_numpy(float) for a in per_arm], diverged, missing,
-                   sources)
+    return Aligned(list(arms), kept, [a.loc[kept, col].to_numpy(float) for a in per_arm], diverged=diverged,
+                   missing=missing, sources=sources, absent=absent)
 
 
 def paired(cell: pd.DataFrame, method: str, base: str, col: str) -> Aligned:

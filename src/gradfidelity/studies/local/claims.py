@@ -55,8 +55,8 @@ def _notes(al: Aligned) -> str:
     if al.diverged:
         per = "; ".join(f"seed {k}: {', '.join(arms)}" for k, arms in sorted(al.diverged.items()))
         out += f"; {len(al.diverged)} seed(s) dropped because a run diverged ({per})"
-    if al.missing:
-        out += f"; seed(s) {al.missing} lack a run of some arm"
+    if al.missing:  # by design (e.g. the power cells run BP and Broadcast only) or a run that is not there
+        out += "; not paired: " + "; ".join(f"{arm} has no run on seed(s) {seeds}" for arm, seeds in al.absent.items())
     return out
 
 
