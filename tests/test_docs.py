@@ -37,6 +37,7 @@ def _job_counts(stdout: str) -> dict[str, int]:
     return {m[0]: int(m[1]) for m in re.findall(r"^(\S+)\s+(\d+)$", table, re.M)}
 
 
+@pytest.mark.slow  # renders the table from a Snakemake dry run per target and scale: about 35 s
 def test_generated_table_is_up_to_date():
     assert BEGIN in README and END in README
     assert render(README, REPO) == README, "README's claims-to-targets table is stale: run `make docs`"
