@@ -30,6 +30,7 @@ Diverged seeds (a seed enters a record only if every run the record needs on tha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -186,12 +187,13 @@ def claims(df: pd.DataFrame, s: StudyConfig, scale: str, tables: dict[str, str |
     what = (f"(Broadcast (async) / best BP in budget) / (Broadcast (async) / BP) tokens per s, width {W}, "
             f"{src('enwik8')}")
     speedup = align(df, [("enwik8", W, CONTROL), ("enwik8", W, "bp")], "tokens_per_s")
+    # thread-matched / 1-thread BP tokens per s, geometric mean over paired seeds: does BP scale with threads here?
+    tm_bp = float(np.exp(np.mean(np.log(speedup.values[0] / speedup.values[1])))) if speedup.n else math.nan
     if speedup.n == 0:
         vals["C10"] = not_measured(f"{what}: not measured, the thread-matched BP arm ({CONTROL}) did not run at "
                                    "this scale, so there is no baseline with the async run's thread budget",
                                    sources=main_src)
-    elif float(np.exp(np.mean(np.log(speedup.values[0] / speedup.values[1])))) <= 1:
-        tm_bp = float(np.exp(np.mean(np.log(speedup.values[0] / speedup.values[1]))))
+    elif tm_bp <= 1:
         vals["C10"] = not_measured(
             f"{what}: not measured, BP does not speed up with threads within the budget on this machine (thread-"
             f"matched / 1-thread BP tokens per s {tm_bp:.3f}, {rates}), so the confound the claim is about (a "

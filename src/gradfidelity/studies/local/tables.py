@@ -121,7 +121,8 @@ def write_tables(df: pd.DataFrame, s: StudyConfig, out: dict[str, Path], mem: pd
             f"+-{s.equivalence_bpb} bits per byte",
             f"readout snapshot lag {t.readout_lag} steps, refreshed every {t.snapshot_every}"])
     if mem is not None:
-        _write(memory_table(mem), _readable_memory(memory_table(mem)), out["mem_csv"], out["mem_md"],
+        memory = memory_table(mem)
+        _write(memory, _readable_memory(memory), out["mem_csv"], out["mem_md"],
                "Study C memory (C3): each method beside its own bare process tree",
                ["peak PSS = peak process-tree PSS over a few training steps, in a fresh process per measurement; own "
                 "baseline = the same process tree started without the model (BP: one interpreter; async RGC: the "
