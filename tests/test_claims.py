@@ -3,6 +3,7 @@ against scipy, the registry's own well-formedness, and the report built from an 
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -176,6 +177,20 @@ def test_evidence_from_another_scale_or_in_the_old_format_is_refused(tmp_path):
         load_evidence([_evidence_file(tmp_path, {}, scale="smoke")], "cpu")
     with pytest.raises(UserError, match="X1"):
         load_evidence([_evidence_file(tmp_path, {"X1": {"measured": 2.0, "n": 3}})], "cpu")
+
+
+def test_evidence_written_for_an_older_metric_is_not_judged_by_the_new_check(tmp_path):
+    """A row whose metric changed (evidence_version 2) must not judge a file written for the old one: issue 25 moved
+    study B from nats gaps to lost compute, and round 2's B2 estimate (a gap of 0.4% of the loss) would otherwise
+    read as 'reproduced' against the new +-10% of compute."""
+    row = dict(ROW, evidence_version=2)
+    old = _evidence_file(tmp_path, {"X1": rec(2.0, 1.5, 2.5)})  # no version: 1
+    df = verify([row], load_evidence([old], "cpu"), "cpu").set_index("id")
+    assert df.loc["X1", "verdict"] == NOT_MEASURED and "stale evidence" in df.loc["X1", "reason"]
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({**json.loads(Path(old).read_text()), "evidence_version": 2}))
+    assert verify([row], load_evidence([new], "cpu"), "cpu").set_index("id").loc["X1", "verdict"] == REPRODUCED
+    assert judge(ROW, rec(2.0, 1.5, 2.5), True, "cpu", evidence_version=1)[0] == REPRODUCED  # version 1 rows
 
 
 def test_bad_registry_is_refused(tmp_path):

@@ -14,11 +14,11 @@ import pytest
 
 from tests._repo_copy import COPY_IGNORE, REPO
 
-# Two of study B's learning-rate grid runs: they need nothing upstream and checkpoint every 10 steps here.
-_GRID = "results/smoke/async_pp/optimizer~muon/lr~x{m}/head~tied/schedule~sync/mitigation~none/depth~1/momentum~0.95/" \
-        "steps~120/seed100/metrics.json"
+# Two of study B's learning-rate grid runs: they need nothing upstream and checkpoint every 5 steps here.
+_GRID = "results/smoke/async_pp/optimizer~muon/lr~x{m}/head~untied/schedule~sync/mitigation~none/depth~1/" \
+        "momentum~0.95/steps~60/seed100/metrics.json"
 SLICE = " ".join(_GRID.format(m=m) for m in ("0.5", "1"))
-CKPT_CONFIG = "async_pp:\n  train:\n    checkpoint_every: 10\n"
+CKPT_CONFIG = "async_pp:\n  train:\n    checkpoint_every: 5\n"
 
 
 def _copy(tmp_path: Path, name: str) -> Path:

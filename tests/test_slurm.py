@@ -32,8 +32,8 @@ DAEMONS = ("slurmctld", "slurmd", "munged")
 TARGETS = [
     "paper_tables/smoke/stats_check.csv",
     "results/smoke/ds_audit/loss_agg/seed0/metrics.json",
-    "results/smoke/async_pp/optimizer~adamw/lr~x1/head~tied/schedule~sync/mitigation~none/depth~1/momentum~0.9/"
-    "steps~120/seed100/metrics.json",
+    "results/smoke/async_pp/optimizer~adamw/lr~x1/head~untied/schedule~sync/mitigation~none/depth~1/momentum~0.9/"
+    "steps~60/seed100/metrics.json",
     "results/smoke/local/enwik8/w32/bp/seed0/metrics.json",
 ]
 

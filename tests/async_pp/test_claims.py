@@ -1,15 +1,21 @@
-"""Claim evidence, tables and aggregation of study B on hand-made runs: every claim computation is shown to give
-"reproduced" on runs where the claim holds, "not reproduced" where it is false, and "not measured" with fewer
-seeds than the registry's min_n (here: a seed whose sync runs diverged, which must be dropped and counted)."""
+"""Claim evidence, tables and aggregation of study B on hand-made runs.
+
+The hand-made world has a sync loss that is exactly linear in log2(steps), L(n) = 3 + 0.01 seed - 0.2 log2(n), so
+an async run built to end at L(f T) has the effective compute fraction f by construction, and the measured f must
+equal it (linear interpolation in log steps is exact on such a curve): the independent reference. Every claim is
+shown to give "reproduced" where it holds, "not reproduced" where it is false, and "not measured" with fewer seeds
+than min_n, on a transient or saturated budget, or with f outside the sync ladder."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -17,69 +23,83 @@ from gradfidelity.claims.evidence import RECORD_SCHEMA, level_for
 from gradfidelity.claims.verify import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, judge, load_evidence, load_registry
 from gradfidelity.errors import UserError
 from gradfidelity.studies.async_pp.aggregate import aggregate
-from gradfidelity.studies.async_pp.claims import CLAIM_IDS, claims, write_claims
+from gradfidelity.studies.async_pp.claims import CLAIM_IDS, EVIDENCE_VERSION, claims, write_claims
 from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS, StudyConfig
-from gradfidelity.studies.async_pp.pairing import Gaps, extra_steps
+from gradfidelity.studies.async_pp.pairing import Gaps, Spec, fractions, transient
 from gradfidelity.studies.async_pp.plan import cells
 from gradfidelity.studies.async_pp.rules import job_section
 from gradfidelity.studies.async_pp.tables import length_table, main_table, mitigations_table, write_tables
-from tests.async_pp._cfg import study, validated
+from tests.async_pp._cfg import SMOKE, study, validated
 
 SMOKE_CFG = study()
-CFG = study(seeds=3)
-STEPS = SMOKE_CFG.train.steps
+# Three seeds and a length sweep of three doublings inside a ladder that reaches below it (B7 needs a reference
+# length below the longest whose gate passes).
+_SECTION = copy.deepcopy(SMOKE)
+_SECTION["sweeps"]["length"] = {"optimizers": ["muon"], "steps": [15, 30, 60]}
+_SECTION["sweeps"]["ladder"] = {"steps": [5, 15, 30, 60, 120]}
+CFG = study(_SECTION, seeds=3)
+T = CFG.train.steps
+SLOPE = 0.2
 ROWS = {r["id"]: r for r in load_registry() if r["study"] == "async_pp"}
 MEASURED = [cid for cid in CLAIM_IDS if cid != "B8"]
 ROOT = "results/async_pp"
 
 
 def _noise(opt: str, seed: int) -> float:
-    """A seed- and optimizer-dependent factor (0.96, 1.0, 1.04) so per-seed values are not all equal."""
-    return 1.0 + 0.04 * (((seed + OPTIMIZERS.index(opt)) % 3) - 1)
+    """A seed- and optimizer-dependent factor (0.98, 1.0, 1.02) on the lost compute, the same at every budget."""
+    return 1.0 + 0.02 * (((seed + OPTIMIZERS.index(opt)) % 3) - 1)
 
 
-HOLDS = {  # a world where every claim B1..B9 holds
-    "gap": {"adamw": 0.3, "muon": 0.01, "soap": 0.05, "adan": 0.1, "lion": 0.2, "mars": 0.2},
-    "momentum": lambda mom, default: (1 - mom) / (1 - default),  # higher momentum, smaller gap
-    "length": lambda steps, s: 1.0 if steps == STEPS else 1 + 0.02 * (s - 1),  # no growth
-    "pipedream": lambda P: 0.1 * P,  # grows with depth, above 2bw's gap at P > 2
-    "plateau": 0.001,  # the sync loss is flat at the end
+def sync_loss(steps: float, seed: int) -> float:
+    return 3.0 + 0.01 * seed - SLOPE * math.log2(steps)
+
+
+HOLDS = {  # a world where every claim B1..B9 holds; f = the share of compute the async run keeps
+    "f": {"adamw": 0.3, "muon": 0.97, "soap": 0.8, "adan": 0.6, "lion": 0.5, "mars": 0.5},
+    "momentum": lambda mom, default: (1 - mom) / (1 - default),  # on the lost compute: higher momentum, less lost
+    "length": lambda opt, steps: 0.0,  # f does not move with the budget
+    "pipedream": lambda lost, P: lost + 0.02 * P,  # lost compute grows with depth, above 2bw's at P > 2
     "ef": lambda opt, s: {"muon": 0.6 + 0.01 * (s - 1), "adamw": 0.875 + 0.002 * (s - 1)}.get(opt, 0.5),
     "mit": {"taylor": 0.9, "sync_start": 0.95, "sync_cooldown": 0.5},
 }
 FALSE = {  # a world where every one of them is false
-    "gap": {"adamw": 0.03, "muon": 0.1, "soap": 0.5, "adan": 0.5, "lion": 0.5, "mars": 0.2},
+    "f": {"adamw": 0.9, "muon": 0.5, "soap": 0.3, "adan": 0.3, "lion": 0.3, "mars": 0.5},
     "momentum": lambda mom, default: mom / default,
-    "length": lambda steps, s: steps / STEPS,
-    "pipedream": lambda P: 0.5 / P,
-    "plateau": 0.001,
+    # Muon keeps f up to 30 steps and loses 0.2 more from 60 on: the gate passes at 15 (f(15) = f(30)) and at the
+    # main budget (f(60) = f(120)), and B7 sees f fall by 0.2 from 15 to 60.
+    "length": lambda opt, steps: -0.2 if opt == "muon" and steps >= 60 else 0.0,
+    "pipedream": lambda lost, P: lost + 0.1 / P,
     "ef": lambda opt, s: 0.2 + 0.01 * (s - 1),
-    "mit": {"taylor": 1.5, "sync_start": 1.2, "sync_cooldown": 1.3},
+    "mit": {"taylor": 1.2, "sync_start": 1.1, "sync_cooldown": 1.15},
 }
 
 
-def _loss(world: dict, c) -> float:
-    base = 2.0 + 0.01 * c.seed
-    if c.schedule == "sync":
-        return base
-    f = _noise(c.optimizer, c.seed)
-    if c.schedule.startswith("pipedream"):
-        return base + world["pipedream"](c.depth) * f
+def world_f(world: dict, c) -> float:
+    """The f the world gives an async cell. A seed-dependent jitter of 0.002 (s - 1) per doubling away from T keeps
+    f(2T) - f(T) from being a constant series (whose interval collapses to a point) and averages to 0."""
     default = DEFAULTS[c.optimizer]["momentum"]
-    g = world["gap"][c.optimizer] * f * world["momentum"](c.momentum, default) * world["length"](c.steps, c.seed)
+    lost = (1 - world["f"][c.optimizer]) * _noise(c.optimizer, c.seed) * world["momentum"](c.momentum, default)
+    lost -= world["length"](c.optimizer, c.steps)
+    if c.schedule.startswith("pipedream"):
+        lost = world["pipedream"](lost, c.depth)
     if c.mitigation == "error_feedback":
-        g *= 1 - world["ef"](c.optimizer, c.seed)
+        lost *= 1 - world["ef"](c.optimizer, c.seed)
     elif c.mitigation != "none":
-        g *= world["mit"][c.mitigation] * (1 + 0.02 * (c.seed - 1))
-    return base + g
+        lost *= world["mit"][c.mitigation] * (1 + 0.02 * (c.seed - 1))
+    return 1 - lost + 0.002 * (c.seed - 1) * math.log2(c.steps / T)
+
+
+def _loss(world: dict, c) -> float:
+    if c.schedule == "sync":
+        return sync_loss(c.steps, c.seed)
+    return sync_loss(world_f(world, c) * c.steps, c.seed)
 
 
 def _runs(world: dict, cfg: StudyConfig = CFG, loss=None) -> pd.DataFrame:
     loss = loss or (lambda c: _loss(world, c))
     return pd.DataFrame([{"optimizer": c.optimizer, "lr": c.lr, "head": c.head, "schedule": c.schedule,
                           "mitigation": c.mitigation, "depth": c.depth, "momentum": c.momentum, "steps": c.steps,
-                          "seed": c.seed, "status": "ok", "final_val_loss": loss(c),
-                          "plateau_delta": world["plateau"], "run_dir": c.dir(ROOT)}
+                          "seed": c.seed, "status": "ok", "final_val_loss": loss(c), "run_dir": c.dir(ROOT)}
                          for c in cells(cfg)])
 
 
@@ -90,19 +110,27 @@ def _diverge(runs: pd.DataFrame, mask) -> pd.DataFrame:
     return runs
 
 
-def _scale(cid: str) -> str:
-    return "cpu" if "cpu" in ROWS[cid]["scales"] else "paper"
-
-
 def _verdicts(runs: pd.DataFrame, cfg: StudyConfig = CFG) -> tuple[dict, dict]:
     values = claims(Gaps(runs, cfg), "cpu")["values"]
     for rec in values.values():
         jsonschema.validate(rec, RECORD_SCHEMA)
-    return values, {cid: judge(ROWS[cid], values[cid], True, _scale(cid)) for cid in CLAIM_IDS}
+    scale = lambda cid: "cpu" if "cpu" in ROWS[cid]["scales"] else "paper"  # noqa: E731
+    return values, {cid: judge(ROWS[cid], values[cid], True, scale(cid)) for cid in CLAIM_IDS}
 
 
-def test_every_registry_row_of_the_study_gets_a_record():
+def test_every_registry_row_of_the_study_gets_a_record_and_none_mentions_the_plateau():
     assert set(ROWS) == set(CLAIM_IDS)
+    values, verdicts = _verdicts(_runs(HOLDS))
+    assert not any("plateau" in json.dumps(values[c]) or "plateau" in verdicts[c][1] for c in CLAIM_IDS)
+
+
+def test_f_is_read_back_exactly_from_a_world_that_sets_it():
+    g = Gaps(_runs(HOLDS), CFG)
+    fr = fractions(g, {"a": Spec("adamw", "2bw"), "m": Spec("muon", "2bw", momentum=0.9)})
+    for name, opt, mom in (("a", "adamw", 0.9), ("m", "muon", 0.9)):
+        want = [1 - (1 - HOLDS["f"][opt]) * _noise(opt, s) * HOLDS["momentum"](mom, DEFAULTS[opt]["momentum"])
+                for s in range(3)]
+        assert fr.f[name] == pytest.approx(want, abs=1e-12)
 
 
 @pytest.mark.parametrize("cid", MEASURED)
@@ -111,6 +139,7 @@ def test_claim_reproduced_where_it_holds(cid):
     assert verdicts[cid][0] == REPRODUCED, (verdicts[cid], values[cid])
     rec = values[cid]
     assert rec["n"] == 3 and rec.get("diverged", 0) == 0
+    assert [g["name"] for g in rec["gates"]] and all(g["name"] == "transient" and g["passed"] for g in rec["gates"])
     if "parts" not in rec:
         assert rec["level"] == level_for(cid) and rec["low"] <= rec["estimate"] <= rec["high"]
 
@@ -121,10 +150,21 @@ def test_claim_not_reproduced_where_it_is_false(cid):
     assert verdicts[cid][0] == NOT_REPRODUCED, (verdicts[cid], values[cid])
 
 
+def test_the_estimates_are_the_worlds_numbers():
+    values, _ = _verdicts(_runs(HOLDS))
+    lost = lambda opt: np.array([(1 - HOLDS["f"][opt]) * _noise(opt, s) for s in range(3)])  # noqa: E731
+    assert values["B2"]["estimate"] == pytest.approx(lost("muon").mean())
+    assert values["B1-abs"]["estimate"] == pytest.approx(lost("adamw").mean())
+    assert values["B1"]["parts"]["ratio"]["estimate"] == pytest.approx((lost("adamw") - 3 * lost("muon")).mean())
+    assert values["B5-muon"]["estimate"] == pytest.approx(100 * np.mean([0.6 + 0.01 * (s - 1) for s in range(3)]))
+    assert values["B7"]["estimate"] == pytest.approx(0.0, abs=1e-12)
+    assert "f at 60 steps - f at 15 steps" in values["B7"]["detail"]
+
+
 @pytest.mark.parametrize("cid", CLAIM_IDS)
 def test_fewer_seeds_than_min_n_is_not_measured_and_the_dropped_seed_is_counted(cid):
     runs = _runs(HOLDS)
-    values, verdicts = _verdicts(_diverge(runs, (runs.schedule == "sync") & (runs.seed == 2)))
+    values, verdicts = _verdicts(_diverge(runs, (runs.schedule == "2bw") & (runs.seed == 2)))
     verdict, reason = verdicts[cid]
     assert verdict == NOT_MEASURED
     rec = values[cid]
@@ -134,49 +174,115 @@ def test_fewer_seeds_than_min_n_is_not_measured_and_the_dropped_seed_is_counted(
     assert rec["n"] == 2 and rec["diverged"] == 1
     assert reason == "n = 2 < min_n = 3"
     details = [p["detail"] for p in rec["parts"].values()] if "parts" in rec else [rec["detail"]]
-    assert all(re.search(r"dropped seed 2 \([^)]*sync[^)]* diverged", d) for d in details), details
+    assert all(re.search(r"dropped seed 2 \([^)]*2bw[^)]* diverged", d) for d in details), details
 
 
-def test_b8_is_never_measured():
-    values, verdicts = _verdicts(_runs(HOLDS))
-    assert values["B8"]["estimate"] is None and verdicts["B8"][0] == NOT_MEASURED
-
-
-def test_a_missing_run_is_dropped_like_a_diverged_one():
+def test_a_missing_ladder_run_drops_the_seed_and_names_it():
     runs = _runs(HOLDS)
-    runs = runs[~((runs.optimizer == "muon") & (runs.schedule == "2bw") & (runs.mitigation == "none")
-                  & (runs.seed == 0))]
+    runs = runs[~((runs.optimizer == "muon") & (runs.schedule == "sync") & (runs.steps == 15) & (runs.seed == 0))]
     values, _ = _verdicts(runs)
     assert values["B2"]["n"] == 2 and values["B2"]["diverged"] == 1
-    assert "seed 0 (muon 2bw missing)" in values["B2"]["detail"]
-    assert values["B5-adamw"]["n"] == 3 and values["B5-adamw"].get("diverged", 0) == 0  # not behind B5-adamw
+    assert "seed 0 (muon sync 15 steps missing)" in values["B2"]["detail"]
+    assert values["B5-adamw"]["n"] == 3  # AdamW's ladder is whole
 
 
-def test_b1_ratio_with_a_non_positive_gap_on_a_seed_is_not_measured():
+def test_an_async_run_beyond_the_ladder_makes_its_claims_not_measured():
     runs = _runs(HOLDS)
-    mask = (runs.optimizer == "muon") & (runs.schedule == "2bw") & (runs.mitigation == "none") & (runs.seed == 1)
-    runs.loc[mask, "final_val_loss"] = 2.0 + 0.01 * 1 - 0.001  # async below sync on seed 1
+    mask = (runs.optimizer == "adamw") & (runs.schedule == "2bw") & (runs.mitigation == "none") \
+        & (runs.steps == T) & (runs.seed == 1)
+    runs.loc[mask, "final_val_loss"] = sync_loss(3, 1)  # worse than sync at 5 steps, the ladder's shortest
     values, verdicts = _verdicts(runs)
-    ratio = values["B1"]["parts"]["ratio"]
-    assert ratio["estimate"] is None and "<= 0 on some seed" in ratio["detail"]
-    assert verdicts["B1"][0] == NOT_MEASURED
-    assert values["B1"]["parts"]["difference"]["estimate"] > 0  # the difference part is still measured
-    assert verdicts["B1-abs"][0] == REPRODUCED  # AdamW's gap alone is still measured
+    for cid in ("B1", "B1-abs", "B3", "B5-adamw"):
+        assert verdicts[cid][0] == NOT_MEASURED, cid
+        assert "seed 1" in verdicts[cid][1] and "ladder's end" in verdicts[cid][1], verdicts[cid]
+    assert verdicts["B2"][0] == REPRODUCED  # Muon's claim does not read AdamW
 
 
-def test_b1_is_a_geometric_mean_of_per_seed_ratios():
-    values, _ = _verdicts(_runs(HOLDS))
-    ratios = [0.3 * _noise("adamw", s) / (0.01 * _noise("muon", s)) for s in range(3)]
-    assert values["B1"]["parts"]["ratio"]["estimate"] == pytest.approx(math.prod(ratios) ** (1 / 3))
+def test_a_budget_still_in_the_transient_fails_the_gate():
+    """f(2T) well above f(T) on every seed: the comparison has not left the early transient."""
+    def loss(c):
+        if c.optimizer == "adamw" and c.schedule == "2bw" and c.mitigation == "none" and c.steps == 2 * T:
+            return sync_loss((world_f(HOLDS, c) + 0.2) * c.steps, c.seed)
+        return _loss(HOLDS, c)
+
+    values, verdicts = _verdicts(_runs(HOLDS, loss=loss))
+    for cid in ("B1", "B1-abs", "B3", "B5-adamw", "B9-taylor"):
+        assert verdicts[cid][0] == NOT_MEASURED, cid
+        assert "transient: adamw at 60 steps: transient" in verdicts[cid][1], verdicts[cid]
+    assert verdicts["B2"][0] == REPRODUCED
+
+
+def test_a_saturated_budget_fails_the_gate():
+    """The sync loss no longer falls from T to 2T: any two runs tie there, so nothing is measured."""
+    def loss(c):  # Muon's sync and async runs both sit at a floor from T on
+        if c.optimizer == "muon" and c.mitigation == "none" and c.steps == 2 * T:
+            return sync_loss(T, c.seed)
+        return _loss(HOLDS, c)
+
+    values, verdicts = _verdicts(_runs(HOLDS, loss=loss))
+    assert verdicts["B2"][0] == NOT_MEASURED and "saturated" in verdicts["B2"][1], verdicts["B2"]
+    assert "sync loss falls 0.0000" in verdicts["B2"][1]
+    assert verdicts["B1-abs"][0] == REPRODUCED
+
+
+def test_b7_takes_the_smallest_length_whose_gate_passes_and_is_not_measured_without_one():
+    def moving(upto):  # f of Muon's 2bw moves with the budget up to `upto` steps
+        def loss(c):
+            if c.optimizer == "muon" and c.schedule == "2bw" and c.mitigation == "none" and c.steps <= upto:
+                return sync_loss((world_f(HOLDS, c) - 0.1 * (upto // c.steps)) * c.steps, c.seed)
+            return _loss(HOLDS, c)
+        return loss
+
+    values, verdicts = _verdicts(_runs(HOLDS, loss=moving(15)))
+    assert "f at 60 steps - f at 30 steps" in values["B7"]["detail"]
+    values, verdicts = _verdicts(_runs(HOLDS, loss=moving(30)))
+    assert verdicts["B7"][0] == NOT_MEASURED and "transient: muon at 15 steps" in verdicts["B7"][1]
+    assert "muon at 30 steps: transient" in verdicts["B7"][1]
+    assert "every length below the longest" in values["B7"]["detail"]
+
+
+def test_b1_difference_and_ratio_parts_fail_on_their_own():
+    values, verdicts = _verdicts(_runs({**HOLDS, "f": {**HOLDS["f"], "adamw": 0.97, "muon": 0.6}}))
+    assert verdicts["B1"][0] == NOT_REPRODUCED and values["B1"]["parts"]["difference"]["high"] < 0
+    values, verdicts = _verdicts(_runs({**HOLDS, "f": {**HOLDS["f"], "adamw": 0.7, "muon": 0.85}}))
+    # Muon keeps more (difference > 0), but AdamW loses 0.3, only 2x Muon's 0.15
+    assert verdicts["B1"][0] == NOT_REPRODUCED
+    assert values["B1"]["parts"]["difference"]["low"] > 0 and values["B1"]["parts"]["ratio"]["high"] < 0
+
+
+def test_b2_lost_compute_large_either_way_is_not_reproduced():
+    _, verdicts = _verdicts(_runs({**HOLDS, "f": {**HOLDS["f"], "muon": 0.8}}))  # 20% lost
+    assert verdicts["B2"][0] == NOT_REPRODUCED
+    # async 15% ahead of sync: reads only with sync budgets above 2T (the ladder's extension for Muon)
+    section = copy.deepcopy(_SECTION)
+    section["sweeps"]["ladder"]["extend"] = {"optimizers": ["muon"], "steps": [240]}
+    cfg = study(section, seeds=3)
+    world = {**HOLDS, "f": {**HOLDS["f"], "muon": 1.15}}
+    _, verdicts = _verdicts(_runs(world, cfg), cfg)
+    assert verdicts["B2"][0] == NOT_REPRODUCED, verdicts["B2"]
+    _, verdicts = _verdicts(_runs(world))  # without it, f(2T) is above the ladder: not measured, saying so
+    assert verdicts["B2"][0] == NOT_MEASURED and "better than sync at 120 steps, the ladder's end" in verdicts["B2"][1]
+
+
+def test_b3_fails_when_one_optimizer_is_outside():
+    values, verdicts = _verdicts(_runs({**HOLDS, "f": {**HOLDS["f"], "lion": 0.2}}))  # lion below AdamW
+    assert verdicts["B3"][0] == NOT_REPRODUCED
+    assert values["B3"]["parts"]["lion"]["detail"].startswith("deciding comparison: lion - adamw")
+
+
+def test_b5_is_not_measured_when_async_loses_no_compute():
+    values, verdicts = _verdicts(_runs({**HOLDS, "f": {**HOLDS["f"], "muon": 1.0}}))
+    assert verdicts["B5-muon"][0] == NOT_MEASURED and "loses no compute" in values["B5-muon"]["detail"]
 
 
 def test_b6_fails_when_one_optimizer_contradicts_growth():
-    def world_loss(c):
+    def loss(c):
         if c.schedule == "pipedream" and c.optimizer == "muon":
-            return 2.0 + 0.01 * c.seed + 0.8 / c.depth  # muon: shrinks with depth
+            lost = (1 - HOLDS["f"]["muon"]) * _noise("muon", c.seed) + 0.3 / c.depth  # shrinks with depth
+            return sync_loss((1 - lost) * c.steps, c.seed)
         return _loss(HOLDS, c)
 
-    values, verdicts = _verdicts(_runs(HOLDS, loss=world_loss))
+    values, verdicts = _verdicts(_runs(HOLDS, loss=loss))
     assert verdicts["B6"][0] == NOT_REPRODUCED
     assert values["B6"]["parts"]["growth"]["detail"].startswith("deciding comparison: muon")
 
@@ -189,14 +295,42 @@ def test_records_name_their_run_directories_and_tables(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["study"] == "async_pp" and doc["scale"] == "cpu" and set(doc["values"]) == set(CLAIM_IDS)
     b2 = doc["values"]["B2"]["sources"]
-    assert (f"{ROOT}/optimizer~muon/lr~tuned/head~tied/schedule~2bw/mitigation~none/depth~1/momentum~0.95/"
-            "steps~120/seed2") in b2
+    muon = f"{ROOT}/optimizer~muon/lr~tuned/head~untied/schedule~"
+    assert f"{muon}2bw/mitigation~none/depth~1/momentum~0.95/steps~{T}/seed2" in b2
+    assert f"{muon}sync/mitigation~none/depth~1/momentum~0.95/steps~5/seed2" in b2  # its ladder
     assert b2[-2:] == [str(runs_csv), "paper_tables/async_pp_main.csv"]
     assert not any("adamw" in s for s in b2)
     evidence = load_evidence([out], "cpu")  # the verifier accepts the file
     assert set(evidence["async_pp"]["values"]) == set(CLAIM_IDS)
+    # the file's version is the one every measured row of the registry asks for (stale evidence is refused)
+    assert {ROWS[c]["evidence_version"] for c in MEASURED} == {doc["evidence_version"]} == {EVIDENCE_VERSION}
     with pytest.raises(UserError, match="not 'paper'"):
         write_claims(str(runs_csv), CFG, "paper", str(out))
+
+
+# ----------------------------------------------------------------------------------------------- tables, figure
+def test_main_table_shows_f_its_interval_the_gate_and_the_nats_gap():
+    main = main_table(Gaps(_runs(HOLDS), CFG)).set_index("optimizer")
+    f = [1 - (1 - 0.3) * _noise("adamw", s) for s in range(3)]
+    assert main.loc["adamw", "f"] == pytest.approx(np.mean(f))
+    assert main.loc["adamw", "f_low"] < main.loc["adamw", "f"] < main.loc["adamw", "f_high"]
+    assert main.loc["adamw", "lost_pct"] == pytest.approx(100 * (1 - np.mean(f)))
+    assert main.loc["adamw", "gap"] == pytest.approx(np.mean([-SLOPE * math.log2(x) for x in f]))
+    assert set(main.gate) == {"pass"}
+
+
+def test_length_table_shows_the_fall_per_doubling_f_and_the_gate_per_row():
+    runs = _runs(HOLDS)
+    table = length_table(Gaps(runs, CFG)).set_index(["optimizer", "steps"])
+    muon = table.loc["muon"]
+    assert list(muon.index) == [5, 15, 30, 60, 120]
+    assert muon["fall_per_doubling"].iloc[1:].to_list() == pytest.approx([SLOPE] * 4)  # per doubling, 5 -> 15 too
+    assert math.isnan(muon["fall_per_doubling"].iloc[0])
+    assert muon.loc[15, "f"] == pytest.approx(np.mean([1 - 0.03 * _noise("muon", s) for s in range(3)]))
+    assert muon.loc[15, "gate"] == "pass" and muon.loc[60, "gate"] == "pass"
+    assert muon.loc[120, "gate"].startswith("n/a") and math.isnan(muon.loc[5, "f"])
+    assert table.loc[("adamw", 15), "gate"] != "pass" and math.isnan(table.loc[("adamw", 15), "f"])  # no 2bw there
+    assert muon.loc[30, "tokens"] == 30 * CFG.train.batch_size * CFG.train.seq_len
 
 
 def test_tables_name_diverged_runs(tmp_path):
@@ -207,10 +341,37 @@ def test_tables_name_diverged_runs(tmp_path):
     muon = mit.set_index("optimizer").loc["muon"]
     assert muon["seeds"] == 2 and muon["diverged"] == "seed 1: muon 2bw+taylor diverged"
     assert main.set_index("optimizer").loc["muon", "diverged"] == "none"  # taylor is not in the main table
-    assert mit.set_index("optimizer").loc["muon", "ef_recovery_pct"] == pytest.approx(60.0)
+    assert mit.set_index("optimizer").loc["adamw", "recovered_pct_error_feedback"] == pytest.approx(
+        100 * np.mean([0.875 + 0.002 * (s - 1) for s in range(3)]))
     write_tables(g, str(tmp_path / "main.csv"), str(tmp_path / "mit.csv"), "cpu")
     md = (tmp_path / "mit.md").read_text()
     assert "muon 2bw+taylor diverged" in md and "| none" in md
+
+
+def test_transient_gate_numbers_match_a_hand_computation():
+    g = Gaps(_runs(HOLDS), CFG)
+    rec, info = transient(g, "adamw")
+    assert rec["passed"] and info["fall"] == pytest.approx(SLOPE)  # one doubling of a slope-0.2 curve
+    assert info["f_2T"] - info["f_T"] == pytest.approx([-0.002, 0.0, 0.002])  # the world's jitter, nothing else
+
+
+def test_ladder_figure_draws_the_length_table(tmp_path, monkeypatch):
+    from gradfidelity.studies.async_pp import figures
+
+    seen = {}
+
+    def spy(fig, path, caption=None):  # what the figure shows, read before it is saved and closed
+        seen.update(lines={ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[0].get_lines()})
+        return save_figure(fig, path, caption)
+
+    save_figure = figures.save_figure
+    monkeypatch.setattr(figures, "save_figure", spy)
+    g = Gaps(_runs(HOLDS), CFG)
+    path = tmp_path / "ladder.png"
+    figures.fig_ladder(g, str(path))
+    muon = length_table(g).query("optimizer == 'muon'")
+    assert seen["lines"]["muon sync"] == pytest.approx(list(muon.sync))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ----------------------------------------------------------------------------------------------- aggregation
@@ -223,7 +384,7 @@ def _write_runs(root: Path, cfg: StudyConfig, scale: str, diverged=lambda c: Fal
             rec = {"status": "diverged", "metrics": {"diverged_at_step": 7}, "timing": {"wall_s": 1.0}}
         else:
             v = _loss(HOLDS, c)
-            rec = {"status": "ok", "metrics": {"final_val_loss": v, "plateau_delta": 0.001,
+            rec = {"status": "ok", "metrics": {"final_val_loss": v, "epochs": 0.25,
                                                "curve": [[1, 512, v + 1], [2, 1024, v]]},
                    "timing": {"wall_s": 1.0, "step_s": 0.01}}
         cell = {"study": "async_pp", **c.wildcards()}  # what the harness writes: the rule's wildcards
@@ -237,14 +398,16 @@ def test_aggregate_reads_the_files_it_is_given_through_the_harness_loader(tmp_pa
     cfg = SMOKE_CFG
     root = tmp_path / "runs"
     paths = _write_runs(root, cfg, "smoke", diverged=lambda c: c.optimizer == "lion" and c.schedule == "2bw"
-                        and c.mitigation == "none")
+                        and c.mitigation == "none" and c.steps == cfg.train.steps)
     runs_csv, curves_csv = tmp_path / "runs.csv", tmp_path / "curves.csv"
     aggregate(paths, str(runs_csv), str(curves_csv), "smoke", 512)
     runs = pd.read_csv(runs_csv)
     assert len(runs) == len(cells(cfg)) and set(runs.scale) == {"smoke"}
-    lion = runs[(runs.optimizer == "lion") & (runs.schedule == "2bw") & (runs.mitigation == "none")]
+    lion = runs[(runs.optimizer == "lion") & (runs.schedule == "2bw") & (runs.mitigation == "none")
+                & (runs.steps == cfg.train.steps)]
     assert set(lion.status) == {"diverged"} and lion.final_val_loss.isna().all()
     assert (lion.diverged_at_step == 7).all()
+    assert (runs[runs.status == "ok"].epochs == 0.25).all()
     assert runs.run_dir.str.startswith(str(root)).all()
     curves = pd.read_csv(curves_csv)
     assert len(curves) == 2 * (runs.status == "ok").sum()
@@ -295,118 +458,13 @@ def test_cli_aggregate_and_report_with_scale(tmp_path, monkeypatch):
     out, main_csv = tmp_path / "claims.json", tmp_path / "main.csv"
     assert main(["async-pp-report", "--cfg", c, "--runs", str(runs_csv), "--curves", str(curves_csv), "--scale",
                  "smoke", "--claims", str(out), "--main-table", str(main_csv), "--mitigations-table",
-                 str(tmp_path / "mit.csv")]) == 0
+                 str(tmp_path / "mit.csv"), "--length-table", str(tmp_path / "len.csv"), "--momentum-table",
+                 str(tmp_path / "mom.csv")]) == 0
     values = load_evidence([out], "smoke")["async_pp"]["values"]
     assert values["B2"]["n"] == 1 and values["B2"]["sources"][-3:] == [str(runs_csv), str(main_csv),
                                                                         str(tmp_path / "mit.csv")]
-    assert judge(ROWS["B2"], values["B2"], True, "smoke") == (NOT_MEASURED, "n = 1 < min_n = 3")
+    verdict, reason = judge(ROWS["B2"], values["B2"], True, "smoke")
+    assert verdict == NOT_MEASURED and "fewer than 2 paired seeds" in reason  # one seed: no gate, no interval
+    assert (tmp_path / "mom.md").exists() and (tmp_path / "len.md").exists()
     assert main(["async-pp-report", "--cfg", c, "--runs", str(runs_csv), "--scale", "cpu", "--claims",
                  str(out)]) == 2  # runs.csv of another scale
-
-
-# ----------------------------------------------------------------------------------------------- cases that can fail
-def _world(**gap) -> dict:
-    return {**HOLDS, "gap": {**HOLDS["gap"], **gap}}
-
-
-def test_b3_fails_on_the_reversed_ordering():
-    """Muon 0.30, AdamW 0.01 with SOAP/Adan/Lion in between: the old min/max count said 3 of 3; it must fail."""
-    values, verdicts = _verdicts(_runs(_world(adamw=0.01, muon=0.3, soap=0.05, adan=0.1, lion=0.2)))
-    assert verdicts["B3"][0] == NOT_REPRODUCED, values["B3"]
-    assert all(verdicts_part == NOT_REPRODUCED for verdicts_part in
-               (judge({**ROWS["B3"], "check": ROWS["B3"]["check"]["parts"][o]}, values["B3"]["parts"][o], True,
-                      "cpu")[0] for o in ("soap", "adan", "lion")))
-
-
-def test_b3_fails_when_one_optimizer_is_outside():
-    values, verdicts = _verdicts(_runs(_world(lion=0.5)))  # lion above AdamW
-    assert verdicts["B3"][0] == NOT_REPRODUCED
-    assert values["B3"]["parts"]["lion"]["detail"].startswith("deciding comparison: adamw - lion")
-
-
-def test_b1_fails_on_the_reversed_ordering_and_on_a_small_ratio():
-    values, verdicts = _verdicts(_runs(_world(adamw=0.01, muon=0.3)))
-    assert verdicts["B1"][0] == NOT_REPRODUCED and values["B1"]["parts"]["difference"]["high"] < 0
-    values, verdicts = _verdicts(_runs(_world(adamw=0.3, muon=0.15)))  # larger, but only 2x
-    assert verdicts["B1"][0] == NOT_REPRODUCED
-    assert values["B1"]["parts"]["difference"]["low"] > 0 and values["B1"]["parts"]["ratio"]["high"] < 5
-
-
-def test_b2_signed_gap_large_either_way_is_not_reproduced_and_a_negative_one_is_named():
-    _, verdicts = _verdicts(_runs(_world(muon=0.1)))  # 5% of the sync loss
-    assert verdicts["B2"][0] == NOT_REPRODUCED
-    _, verdicts = _verdicts(_runs(_world(muon=-0.1)))  # async 5% below sync: not "a small gap" either
-    assert verdicts["B2"][0] == NOT_REPRODUCED
-    values, verdicts = _verdicts(_runs(_world(muon=-0.005)))
-    assert verdicts["B2"][0] == REPRODUCED and "no gap" in values["B2"]["detail"]
-
-
-def test_a_sync_loss_still_falling_makes_the_gap_claims_not_measured():
-    values, verdicts = _verdicts(_runs({**HOLDS, "plateau": 0.2}))
-    for cid in ("B1", "B1-abs", "B2", "B3", "B4", "B5-muon", "B5-adamw", "B6", "B7", "B9-taylor"):
-        assert verdicts[cid][0] == NOT_MEASURED, cid
-        assert "sync_plateau" in verdicts[cid][1] and "not plateaued" in verdicts[cid][1], verdicts[cid]
-
-
-def test_a_diverged_2bw_seed_is_dropped_from_every_claim_that_needs_it():
-    runs = _runs(HOLDS)
-    runs = _diverge(runs, (runs.optimizer == "adamw") & (runs.schedule == "2bw") & (runs.seed == 0))
-    values, verdicts = _verdicts(runs)
-    for cid in ("B1", "B3", "B5-adamw"):
-        assert values[cid]["n"] == 2 and values[cid]["diverged"] == 1, cid
-        assert verdicts[cid] == (NOT_MEASURED, "n = 2 < min_n = 3")
-    assert values["B2"]["n"] == 3  # Muon's claim does not need AdamW's runs
-
-
-def test_main_table_reports_gap_intervals_extra_steps_and_the_plateau_gate():
-    assert extra_steps([10, 20, 30, 40], [3.0, 2.0, 1.5, 1.0], 2.0) == pytest.approx(20.0)
-    assert extra_steps([10, 20, 30, 40], [3.0, 2.0, 1.5, 1.0], 1.75) == pytest.approx(15.0)
-    assert math.isnan(extra_steps([10, 20], [3.0, 2.0], 1.9))  # async below sync's final loss
-    main = main_table(Gaps(_runs(HOLDS), CFG)).set_index("optimizer")
-    assert main.loc["adamw", "gap_low"] < main.loc["adamw", "gap"] < main.loc["adamw", "gap_high"]
-    assert main.loc["adamw", "plateau_gate"] == "pass"
-    main = main_table(Gaps(_runs({**HOLDS, "plateau": 0.2}), CFG)).set_index("optimizer")
-    assert main.loc["muon", "plateau_gate"] == "FAIL"
-
-
-def test_length_table_gives_each_budget_its_gap_limit_and_gate():
-    runs = _runs(HOLDS)
-    short, long = sorted(CFG.sweeps.length.steps)
-    runs.loc[runs.steps == short, "plateau_delta"] = 0.2  # still falling at the short budget only
-    table = length_table(Gaps(runs, CFG)).set_index(["optimizer", "steps"])
-    tuned = runs[(runs.lr == "tuned") & (runs.mitigation == "none") & (runs.depth == 1) & (runs["head"] == "tied")
-                 & (runs.optimizer == "muon") & (runs.momentum == DEFAULTS["muon"]["momentum"])]
-    for steps, gate in ((short, "FAIL"), (long, "pass")):
-        at = tuned[tuned.steps == steps].pivot(index="seed", columns="schedule", values="final_val_loss")
-        gap, sync = (at["2bw"] - at["sync"]).mean(), at["sync"].mean()
-        row = table.loc[("muon", steps)]
-        assert row["gap"] == pytest.approx(gap) and row["sync"] == pytest.approx(sync)
-        # Muon's gap (0.01) is below 1% of its sync loss (~2.01): the floor sets the limit
-        limit = 0.25 * max(abs(gap), 0.01 * sync)
-        assert row["plateau_limit"] == pytest.approx(limit) and limit == pytest.approx(0.25 * 0.01 * sync)
-        assert row["plateau_gate"] == gate and row["seeds"] == 3
-        assert row["tokens"] == steps * CFG.train.batch_size * CFG.train.seq_len
-
-
-@pytest.mark.parametrize(("muon_gap", "scale"), [(0.01, "log"), (-0.01, "symlog")])
-def test_gap_vs_tokens_figure_plots_the_length_table_on_the_right_axis(tmp_path, monkeypatch, muon_gap, scale):
-    from gradfidelity.studies.async_pp import figures
-
-    seen = {}
-
-    def spy(fig, path, caption=None):  # what the figure shows, read before it is saved and closed
-        ax = fig.axes[0]
-        seen.update(scale=ax.get_yscale(), lines={ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()})
-        return save_figure(fig, path, caption)
-
-    save_figure = figures.save_figure
-    monkeypatch.setattr(figures, "save_figure", spy)
-    g = Gaps(_runs({**HOLDS, "gap": {**HOLDS["gap"], "muon": muon_gap}}), CFG)
-    path = tmp_path / "gap_vs_tokens.png"
-    figures.fig_gap_vs_tokens(g, str(path))
-    muon = length_table(g).query("optimizer == 'muon'")
-    assert seen["scale"] == scale
-    assert seen["lines"]["muon gap"] == pytest.approx(list(muon.gap))
-    assert (muon.gap < 0).all() == (muon_gap < 0)
-    assert seen["lines"]["muon gate limit"] == pytest.approx(list(muon.plateau_limit))
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

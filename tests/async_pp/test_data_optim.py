@@ -1,17 +1,30 @@
-"""Embedded corpus, FineWeb-Edu loader on a local parquet fixture, optimizer registry."""
+"""Embedded corpus, a text-file corpus with its BPE, FineWeb-Edu loader on a local parquet fixture, optimizer
+registry."""
 
 from __future__ import annotations
 
 import math
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from gradfidelity.errors import UserError
 from gradfidelity.studies.async_pp.config import OPTIMIZERS
-from gradfidelity.studies.async_pp.data import CharTokenizer, embedded_corpus, embedded_stream, fineweb_stream
+from gradfidelity.studies.async_pp.data import (
+    CharTokenizer,
+    check_epochs,
+    embedded_corpus,
+    embedded_stream,
+    file_stream,
+    fineweb_stream,
+    load_prepared,
+    prepare_file,
+    split_blocks,
+)
 from gradfidelity.studies.async_pp.model import build_model, lm_loss
 from gradfidelity.studies.async_pp.optimizers import REGISTRY, build_optimizer, lr_factor
 from tests.async_pp._cfg import model_config
@@ -63,6 +76,8 @@ def test_registry_names_and_momentum_mapping():
         opt = build_optimizer(name, named, momentum=0.77)
         groups = [g for g in opt.param_groups if g.get("use_muon", True)]
         assert all(where[name](g) == 0.77 for g in groups), name
+        if name == "adamw":  # beta2 moves with beta1: 1 - beta2 = (1 - beta1) / 2
+            assert all(g["betas"][1] == pytest.approx(0.885) for g in groups)
         x, y = torch.randint(0, 40, (2, 8)), torch.randint(0, 40, (2, 8))
         before = [p.detach().clone() for p in m.parameters()]
         lm_loss(m(x), y).backward()
@@ -158,3 +173,53 @@ def test_the_lr_grid_grows_past_a_winning_edge_until_the_optimum_is_bracketed():
     assert extension(low) == [0.25]
     assert extension({1: 2.0, 2: 1.0, 4: math.nan}) == []
 
+
+
+# ----------------------------------------------------------------------------------------------- a text file corpus
+def _text(n_lines: int = 20000) -> str:
+    rng = np.random.default_rng(0)
+    words = ["the", "module", "returns", "a", "list", "of", "strings", "function", "argument", "default", "value",
+             "raises", "ValueError", "when", "is", "not", "None", "import", "os", "path"]
+    return "".join(" ".join(rng.choice(words, size=int(rng.integers(3, 12)))) + ".\n" for _ in range(n_lines))
+
+
+def test_a_text_file_is_split_tokenized_and_checked_before_use(tmp_path):
+    src = tmp_path / "docs.txt"
+    src.write_text(_text(), encoding="utf-8")
+    meta = prepare_file(src, tmp_path / "a", vocab_size=300, val_fraction=0.2)
+    assert meta["vocab_size"] == 300 and meta["sizes"]["train"] > 3 * meta["sizes"]["val"] > 0
+    train, val, _ = load_prepared(tmp_path / "a")
+    tok = Tokenizer.from_file(str(tmp_path / "a" / "tokenizer.json"))
+    assert tok.decode(train[:200].tolist()) == src.read_text()[:len(tok.decode(train[:200].tolist()))]
+    # the same text gives the same tokenizer and ids (a rerun of the data rule repeats bit for bit)
+    prepare_file(src, tmp_path / "b", vocab_size=300, val_fraction=0.2)
+    assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
+    assert (tmp_path / "a" / "tokenizer.json").read_text() == (tmp_path / "b" / "tokenizer.json").read_text()
+    # held-out blocks are interleaved through the text, none of them in the training split
+    tr_blocks, val_blocks = split_blocks(src.read_text(), 0.2, block=4096)
+    assert len(val_blocks) >= 2 and not set(val_blocks) & set(tr_blocks)
+    # a damaged or truncated split fails before any run reads it, naming the file
+    data = (tmp_path / "a" / "train.bin").read_bytes()
+    (tmp_path / "a" / "train.bin").write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match=r"train.bin: \d+ tokens with MD5 .*damaged or truncated"):
+        load_prepared(tmp_path / "a")
+    flipped = bytearray(data)
+    flipped[10] ^= 0xFF
+    (tmp_path / "a" / "train.bin").write_bytes(bytes(flipped))
+    with pytest.raises(UserError, match="damaged or truncated"):
+        load_prepared(tmp_path / "a")
+    (tmp_path / "bin.dat").write_bytes(bytes(range(256)) * 10)
+    with pytest.raises(UserError, match="not UTF-8"):
+        prepare_file(tmp_path / "bin.dat", tmp_path / "c", 300, 0.2)
+
+
+def test_a_run_that_would_repeat_the_text_is_refused(tmp_path):
+    src = tmp_path / "docs.txt"
+    src.write_text(_text(), encoding="utf-8")
+    prepare_file(src, tmp_path / "d", vocab_size=300, val_fraction=0.2)
+    stream = file_stream(tmp_path / "d", seq_len=16, batch_size=4, seed=0)
+    n = stream.train.numel()
+    assert check_epochs(stream, n // 64 // 2, 1.0) == pytest.approx((n // 64 // 2) * 64 / n)
+    with pytest.raises(UserError, match="async_pp.data.max_epochs: .* draw 2.0"):
+        check_epochs(stream, 2 * n // 64, 1.0)
+    assert check_epochs(stream, 2 * n // 64, 0) > 1  # 0 = no limit (the embedded smoke corpus)

@@ -68,7 +68,8 @@ def test_smollm_135m_and_360m_shapes_have_the_published_sizes():
 
     for shape in ((49152, 576, 30, 9, 3, 1536), (49152, 960, 32, 15, 5, 2560)):
         V, d, L, h, kv, ff = shape
-        cfg = model_config(vocab_size=V, d_model=d, n_layers=L, n_heads=h, n_kv_heads=kv, d_ff=ff, max_seq_len=2048)
+        cfg = model_config(vocab_size=V, d_model=d, n_layers=L, n_heads=h, n_kv_heads=kv, d_ff=ff, max_seq_len=2048,
+                           tie_embeddings=True)  # SmolLM ties them (the smoke config unties them)
         with torch.device("meta"):
             m = Decoder(cfg)
         assert n_params(m) == count(*shape)

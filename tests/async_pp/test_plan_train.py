@@ -16,7 +16,14 @@ import yaml
 from gradfidelity.errors import UserError
 from gradfidelity.studies.async_pp import delay as delay_mod
 from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS, load
-from gradfidelity.studies.async_pp.lr_select import choose, select, tuned_lr, write_selection
+from gradfidelity.studies.async_pp.lr_select import (
+    choose,
+    extension,
+    extension_round,
+    select,
+    tuned_lr,
+    write_selection,
+)
 from gradfidelity.studies.async_pp.optimizers import REGISTRY
 from gradfidelity.studies.async_pp.pairing import ef_recovery
 from gradfidelity.studies.async_pp.plan import (
@@ -27,7 +34,9 @@ from gradfidelity.studies.async_pp.plan import (
     cell_from_wildcards,
     cells,
     default_momentum,
+    f_keys,
     grid_cells,
+    lr_keys,
 )
 from gradfidelity.studies.async_pp.rules import JOB_KEYS, job_cfg, lr_arg, train_cfg, train_input
 from gradfidelity.studies.async_pp.tables import write_lr_selection
@@ -55,17 +64,36 @@ def test_plan_dedupes_shared_cells_and_paths_and_wildcards_agree():
     assert cell_from_wildcards(wc) == Cell("adamw", "x0.5", "tied", "sync", "none", 1, 0.9, 120, 100)
 
 
-def test_lr_grid_is_sync_on_a_seed_outside_the_evaluation_seeds():
+def test_lr_grid_is_sync_on_a_seed_outside_the_evaluation_seeds_per_optimizer_and_momentum():
     grid = grid_cells(CFG)
     assert {c.schedule for c in grid} == {"sync"} and {c.seed for c in grid} == {SMOKE["lr_selection"]["seed"]}
-    assert len(grid) == len(OPTIMIZERS) * len(SMOKE["lr_selection"]["multipliers"])
+    keys = lr_keys(CFG)
+    assert ("adamw", 0.95) in keys and ("muon", 0.9) in keys and ("lion", 0.99) in keys
+    assert len(keys) == len(OPTIMIZERS) + 2  # smoke's momentum sweep adds adamw 0.95 and muon 0.9
+    assert len(grid) == len(keys) * len(SMOKE["lr_selection"]["multipliers"])
     assert all(c.lr == TUNED for c in cells(CFG) if c not in grid)
+    ext = grid_cells(CFG, [{"optimizer": "adan", "momentum": 0.98, "multiplier": 8.0}])
+    assert [(c.optimizer, c.lr, c.momentum, c.schedule) for c in ext] == [("adan", "x8", 0.98, "sync")]
 
 
-def test_depth_sweep_unties_the_head_with_its_own_references():
-    depth = [c for c in cells(CFG) if c.head == "untied"]
-    assert {c.schedule for c in depth} == {"sync", "2bw", "pipedream"}
+def test_every_f_key_gets_the_ladder_and_2bw_at_the_main_budget_and_twice_it():
+    T = CFG.train.steps
+    cs = cells(CFG)
+    for opt, mom, head in f_keys(CFG):
+        mine = {(c.schedule, c.steps) for c in cs if (c.optimizer, c.momentum, c.head, c.mitigation, c.lr)
+                == (opt, mom, head, "none", TUNED) and c.schedule in ("sync", "2bw")}
+        assert {("sync", n) for n in CFG.sweeps.ladder.of(opt)} | {("2bw", T), ("2bw", 2 * T)} <= mine, (opt, mom)
+    assert {c.steps for c in cs if c.schedule == "2bw" and c.optimizer == "muon" and c.mitigation == "none"
+            and c.momentum == 0.95} == {*CFG.sweeps.length.steps, T, 2 * T}
+    assert {c.steps for c in cs if c.mitigation != "none"} == {T}
+
+
+def test_depth_sweep_unties_the_head():
     assert all(c.head == "untied" for c in cells(CFG) if c.schedule.startswith("pipedream"))
+    tied = study({**SMOKE, "model": {**SMOKE["model"], "tie_embeddings": True}})
+    untied = [c for c in cells(tied) if c.head == "untied"]
+    assert {c.schedule for c in untied} == {"sync", "2bw", "pipedream"}  # its own ladder where the main is tied
+    assert {c.steps for c in untied if c.schedule == "sync"} == set(tied.sweeps.ladder.steps)
 
 
 def test_optimizer_names_are_defined_once():
@@ -85,8 +113,9 @@ def test_lr_selection_rule():
         choose({1.0: math.nan})
 
 
-def _grid_run(tmp_path, opt, mult, loss, scale="smoke"):
-    c = Cell(opt, f"x{mult:g}", "tied", "sync", "none", 1, DEFAULTS[opt]["momentum"], 120, 100)
+def _grid_run(tmp_path, opt, mult, loss, scale="smoke", momentum=None):
+    mom = DEFAULTS[opt]["momentum"] if momentum is None else momentum
+    c = Cell(opt, f"x{mult:g}", "tied", "sync", "none", 1, mom, 120, 100)
     d = tmp_path / f"run{len(list(tmp_path.iterdir()))}"  # any directory: the cell is read from the records
     d.mkdir(parents=True)
     rec = ({"status": "ok", "metrics": {"final_val_loss": loss}} if math.isfinite(loss)
@@ -96,24 +125,66 @@ def _grid_run(tmp_path, opt, mult, loss, scale="smoke"):
     return str(d / "metrics.json")
 
 
+def _choice(doc, opt, mom=None):
+    mom = DEFAULTS[opt]["momentum"] if mom is None else mom
+    return next(c for c in doc["choices"] if c["optimizer"] == opt and c["momentum"] == mom)
+
+
 def test_select_reads_the_grid_and_tuned_lr_reads_the_choice(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     paths = [_grid_run(runs, "adamw", 0.5, 2.0), _grid_run(runs, "adamw", 1, 1.8),
              _grid_run(runs, "adamw", 2, math.nan), _grid_run(runs, "muon", 0.5, 1.2),
-             _grid_run(runs, "muon", 1, 1.3), _grid_run(runs, "muon", 2, 1.4)]
-    doc = select(paths, "smoke")
-    assert doc["optimizers"]["adamw"]["multiplier"] == 1 and not doc["optimizers"]["adamw"]["at_grid_edge"]
-    assert doc["optimizers"]["muon"]["lr"] == pytest.approx(0.5 * DEFAULTS["muon"]["lr"])
-    assert doc["optimizers"]["muon"]["at_grid_edge"]
+             _grid_run(runs, "muon", 1, 1.3), _grid_run(runs, "muon", 2, 1.4),
+             _grid_run(runs, "muon", 0.5, 1.5, momentum=0.8), _grid_run(runs, "muon", 1, 1.4, momentum=0.8),
+             _grid_run(runs, "muon", 2, 1.45, momentum=0.8)]
+    doc = select(paths, "smoke", [0.5, 1, 2])
+    assert _choice(doc, "adamw")["multiplier"] == 1 and _choice(doc, "adamw")["bracketed"]
+    assert _choice(doc, "muon")["lr"] == pytest.approx(0.5 * DEFAULTS["muon"]["lr"])
+    assert _choice(doc, "muon")["at_grid_edge"] and not _choice(doc, "muon")["bracketed"]
+    assert _choice(doc, "muon", 0.8)["multiplier"] == 1  # each momentum its own LR
     out = tmp_path / "sel.json"
-    write_lr_selection(write_selection(paths, "smoke", str(out)), str(tmp_path / "lr.csv"))
-    assert tuned_lr(str(out), "muon") == pytest.approx(1e-3)
-    assert "grid" in (tmp_path / "lr.md").read_text()
-    with pytest.raises(UserError, match="no chosen LR"):
-        tuned_lr(str(out), "lion")
+    write_lr_selection(write_selection(paths, "smoke", str(out), [0.5, 1, 2]), str(tmp_path / "lr.csv"))
+    assert tuned_lr(str(out), "muon", 0.95) == pytest.approx(1e-3)
+    assert tuned_lr(str(out), "muon", 0.8) == pytest.approx(2e-3)
+    md = (tmp_path / "lr.md").read_text()
+    assert "bracketed" in md and "| muon" in md
+    with pytest.raises(UserError, match="no chosen LR for 'lion'"):
+        tuned_lr(str(out), "lion", 0.99)
+    with pytest.raises(UserError, match="at momentum 0.5"):
+        tuned_lr(str(out), "muon", 0.5)
     with pytest.raises(UserError, match="not 'cpu'"):
         select(paths, "cpu")
+
+
+def test_the_grid_grows_past_a_winning_edge_until_the_optimum_is_bracketed(tmp_path):
+    """A made-up loss surface whose optimum (32x) lies far above the configured grid [0.5, 1, 2, 4]: each round adds
+    one point 2x past the winning edge, and the rounds stop when the winner has a point on both sides."""
+    def loss(m):
+        return (math.log2(m) - 5.0) ** 2 + 1.0
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    base = [0.5, 1, 2, 4]
+    paths = [_grid_run(runs, "adan", m, loss(m)) for m in base]
+    added = []
+    for _ in range(10):
+        ext = extension_round(paths, "smoke", base, max_extensions=4)["extension"]
+        if not ext:
+            break
+        assert len(ext) == 1 and ext[0]["optimizer"] == "adan"
+        added.append(ext[0]["multiplier"])
+        paths.append(_grid_run(runs, "adan", ext[0]["multiplier"], loss(ext[0]["multiplier"])))
+    assert added == [8, 16, 32, 64]
+    doc = select(paths, "smoke", base)
+    assert _choice(doc, "adan")["multiplier"] == 32 and _choice(doc, "adan")["bracketed"]
+    assert _choice(doc, "adan")["extended"] == [8, 16, 32, 64]
+    # the cap: with 2 extensions allowed the winner stays at the edge, and the table says so
+    capped = paths[:6]
+    assert extension_round(capped, "smoke", base, max_extensions=2)["extension"] == []
+    assert not _choice(select(capped, "smoke", base), "adan")["bracketed"]
+    # the lower edge grows downwards
+    assert extension({0.5: 1.0, 1: 2.0, 2: 3.0}) == [0.25] and extension({0.5: 2.0, 1: 1.0, 2: 3.0}) == []
 
 
 def test_ef_recovery_formula():
@@ -124,12 +195,13 @@ def test_ef_recovery_formula():
 def _tiny_cfg():
     section = copy.deepcopy(SMOKE)
     section["train"].update(steps=12, checkpoint_every=4, evals=3, val_batches=2)
+    section["sweeps"].update(length={"optimizers": ["muon"], "steps": [6, 12]}, ladder={"steps": [5, 6, 12, 24]})
     section["data"].update(train_chars=20000, val_chars=3000)
     return load(section)
 
 
-def test_eval_steps_include_the_plateau_point():
-    assert eval_steps(100, 4) == [25, 50, 75, 90, 100]
+def test_eval_steps_are_evenly_spaced_and_end_at_the_last():
+    assert eval_steps(100, 4) == [25, 50, 75, 100] and eval_steps(10, 3) == [3, 6, 9, 10]
 
 
 def test_killed_and_resumed_run_repeats_exactly(tmp_path, monkeypatch):
@@ -137,7 +209,7 @@ def test_killed_and_resumed_run_repeats_exactly(tmp_path, monkeypatch):
     cell = Cell("adamw", "x1", "untied", "pipedream", "none", 4, 0.9, 12, 0)
     ref = json.loads((run_cell(cfg, cell, str(tmp_path / "a"), 1) / "metrics.json").read_text())
     assert ref["metrics"]["lr"] == DEFAULTS["adamw"]["lr"]
-    assert math.isfinite(ref["metrics"]["plateau_delta"])
+    assert 0 < ref["metrics"]["epochs"] < 1
     assert ref["cell"] == {"study": "async_pp", **cell.wildcards()}  # the run carries its identity
     real_step = delay_mod.DelaySimulator.step
 
@@ -160,7 +232,7 @@ def test_killed_and_resumed_run_repeats_exactly(tmp_path, monkeypatch):
 def test_tuned_cell_trains_at_the_selected_lr_and_refuses_without_it(tmp_path):
     cfg = _tiny_cfg()
     sel = tmp_path / "sel.json"
-    sel.write_text(json.dumps({"optimizers": {"lion": {"lr": 1.234e-4}}}))
+    sel.write_text(json.dumps({"choices": [{"optimizer": "lion", "momentum": 0.99, "lr": 1.234e-4}]}))
     cell = Cell("lion", TUNED, "tied", "2bw", "none", 1, 0.99, 12, 0)
     got = json.loads((run_cell(cfg, cell, str(tmp_path / "a"), 1, str(sel)) / "metrics.json").read_text())
     assert got["metrics"]["lr"] == 1.234e-4
@@ -202,8 +274,12 @@ def test_rule_params_carry_only_the_sections_a_job_depends_on():
     assert set(_sections(job_cfg(cfg, "bench"))) == {"model", "data", "train", "bench"}
     assert {job: set(_sections(job_cfg(cfg, job))) for job in ("tables", "figures", "claims")} == \
         dict.fromkeys(("tables", "figures", "claims"), {"seeds", "model", "train", "sweeps"})
-    assert train_input("sel.json")(_wc()) == ["sel.json"] and train_input("sel.json")(_wc(lr="x2")) == []
-    assert lr_arg(_wc(), ["sel.json"]) == "--lr-selection sel.json" and lr_arg(_wc(lr="x2"), []) == ""
+    assert train_input("sel.json", {})(_wc()) == {"selection": "sel.json"}
+    assert train_input("sel.json", {})(_wc(lr="x2")) == {}
+    data = {"meta": "d/meta.json", "train": "d/train.bin"}
+    assert train_input("sel.json", data)(_wc(lr="x2")) == {"data": "d/meta.json"}
+    assert lr_arg(_wc(), SimpleNamespace(selection="sel.json")) == "--lr-selection sel.json"
+    assert lr_arg(_wc(lr="x2"), SimpleNamespace()) == ""
 
 
 @pytest.mark.parametrize(("key", "value", "changed"), [
@@ -212,6 +288,7 @@ def test_rule_params_carry_only_the_sections_a_job_depends_on():
     (("sweeps", "momentum", "momenta"), [0.5, 0.9], {"tables", "figures", "claims"}),
     (("lr_selection", "multipliers"), [1, 2], set()),  # decides which cells exist: through the plan, not --cfg
     (("model", "d_model"), 64, {"train", "train_delay", "tables", "figures", "claims", "bench"}),
+    (("data", "bpe_vocab"), 512, {"data", "train", "train_delay", "bench"}),
 ])
 def test_an_edit_changes_the_cfg_of_exactly_the_jobs_that_read_it(key, value, changed):
     """Snakemake reruns a job whose params changed: an edit must change only the --cfg of the jobs reading it."""

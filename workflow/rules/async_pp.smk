@@ -12,20 +12,42 @@ import gradfidelity.studies.async_pp.rules as _ap_rules
 ASYNC_PP_CFG = config["async_pp"]  # the validated section: each job's --cfg is cut from it (rules.job_cfg)
 ASYNC_PP = STUDY_CONFIG["async_pp"]  # typed and cross-checked (common.smk): the plan is made from it
 ASYNC_PP_ROOT = f"{RESULTS}/async_pp"
-ASYNC_PP_GRID = _ap_plan.grid_metrics(ASYNC_PP, ASYNC_PP_ROOT)
-ASYNC_PP_METRICS = _ap_plan.metrics(ASYNC_PP, ASYNC_PP_ROOT)
+ASYNC_PP_RUNS = _ap_rules.study_runs(ASYNC_PP, ASYNC_PP_ROOT, checkpoints)  # the plan + the LR grid's extensions
 ASYNC_PP_SELECTION = f"{ASYNC_PP_ROOT}/{_ap_plan.SELECTION}"
+ASYNC_PP_DATA = _ap_rules.data_files(ASYNC_PP, ASYNC_PP_ROOT)  # {} unless data.corpus is file
 ASYNC_PP_TABLES = _ap_plan.table_paths(TABLES)
 ASYNC_PP_FIGURES = _ap_plan.figure_paths(FIGURES)
 
-STUDY_RUNS["async_pp"] = ASYNC_PP_METRICS
+STUDY_RUNS["async_pp"] = ASYNC_PP_RUNS
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/async_pp.json")
 REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + [f"{RESULTS}/bench/async_pp.json"])
 
 
+# A text file (config data.path; at the cpu scale Debian's Python docs, made by local_corpus_pydocs) -> the BPE
+# trained on its training blocks and both splits as token ids, with the sizes and MD5s every run checks. Only the
+# cells and the bench of a `file` corpus ask for it.
+rule async_pp_data:
+    input:
+        ASYNC_PP.data.path,
+    output:
+        **_ap_rules.data_files(ASYNC_PP, ASYNC_PP_ROOT, always=True),
+    params:
+        cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "data"),
+        gf=GF,
+    log:
+        f"{ASYNC_PP_ROOT}/logs/data.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        **rule_resources("async_pp_data"),
+    shell:
+        "{params.gf} async-pp-data --cfg {params.cfg} --out $(dirname {output.meta}) > {log} 2>&1"
+
+
 rule async_pp_train:
     input:
-        _ap_rules.train_input(ASYNC_PP_SELECTION),
+        unpack(_ap_rules.train_input(ASYNC_PP_SELECTION, ASYNC_PP_DATA)),
     output:
         f"{ASYNC_PP_ROOT}/{_ap_plan.PATTERN}",
     wildcard_constraints:
@@ -35,6 +57,7 @@ rule async_pp_train:
         run_dir=_ap_rules.run_dir,
         cell=cell_json,
         lr=_ap_rules.lr_arg,
+        data=_ap_rules.data_arg,
         gf=GF,
         threads=_ap_rules.threads(ASYNC_PP),
     log:
@@ -48,12 +71,39 @@ rule async_pp_train:
         **rule_resources("async_pp_train"),
     shell:
         "{params.gf} async-pp-train --cfg {params.cfg} --run-dir {params.run_dir} --cell {params.cell} {params.lr} "
-        "--threads {params.threads} > {log} 2>&1"
+        "{params.data} --threads {params.threads} > {log} 2>&1"
+
+
+# The LR grid in rounds: round k reads the grid runs so far and lists the points round k+1 adds (2x past a winning
+# edge); Snakemake re-evaluates the DAG after each round (a checkpoint), and the selection waits for the first
+# round that adds nothing (lr_select.py).
+checkpoint async_pp_lr_round:
+    input:
+        _ap_rules.lr_round_input(ASYNC_PP, ASYNC_PP_ROOT, checkpoints),
+    output:
+        f"{ASYNC_PP_ROOT}/{_ap_rules.LR_ROUND}",
+    wildcard_constraints:
+        round=r"\d+",
+    params:
+        gf=GF,
+        scale=SCALE,
+        base=" ".join(f"{m:g}" for m in ASYNC_PP.lr_selection.multipliers),
+        max_extensions=ASYNC_PP.lr_selection.max_extensions,
+    log:
+        f"{ASYNC_PP_ROOT}/logs/lr_round{{round}}.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        **rule_resources("async_pp_lr_round"),
+    shell:
+        "{params.gf} async-pp-lr-round --metrics {input} --scale {params.scale} --base {params.base} "
+        "--max-extensions {params.max_extensions} --out {output} > {log} 2>&1"
 
 
 rule async_pp_select_lr:
     input:
-        ASYNC_PP_GRID,
+        unpack(_ap_rules.lr_grid_input(ASYNC_PP, ASYNC_PP_ROOT, checkpoints)),
     output:
         selection=ASYNC_PP_SELECTION,
         table=f"{TABLES}/async_pp_lr_selection.csv",
@@ -61,6 +111,7 @@ rule async_pp_select_lr:
     params:
         gf=GF,
         scale=SCALE,
+        base=" ".join(f"{m:g}" for m in ASYNC_PP.lr_selection.multipliers),
     log:
         f"{RESULTS}/async_pp/logs/select_lr.log",
     conda:
@@ -69,13 +120,13 @@ rule async_pp_select_lr:
     resources:
         **rule_resources("async_pp_select_lr"),
     shell:
-        "{params.gf} async-pp-select-lr --metrics {input} --scale {params.scale} --out {output.selection} "
-        "--table {output.table} > {log} 2>&1"
+        "{params.gf} async-pp-select-lr --metrics {input.metrics} --scale {params.scale} --base {params.base} "
+        "--out {output.selection} --table {output.table} > {log} 2>&1"
 
 
 rule async_pp_aggregate:
     input:
-        ASYNC_PP_METRICS,
+        ASYNC_PP_RUNS,
     output:
         runs=f"{RESULTS}/async_pp/runs.csv",
         curves=f"{RESULTS}/async_pp/curves.csv",
@@ -98,7 +149,6 @@ rule async_pp_aggregate:
 rule async_pp_tables:
     input:
         runs=f"{RESULTS}/async_pp/runs.csv",
-        curves=f"{RESULTS}/async_pp/curves.csv",
     output:
         main=f"{TABLES}/async_pp_main.csv",
         main_md=report(f"{TABLES}/async_pp_main.md", category="async_pp"),
@@ -106,6 +156,8 @@ rule async_pp_tables:
         mitigations_md=report(f"{TABLES}/async_pp_mitigations.md", category="async_pp"),
         length=f"{TABLES}/async_pp_length.csv",
         length_md=report(f"{TABLES}/async_pp_length.md", category="async_pp"),
+        momentum=f"{TABLES}/async_pp_momentum.csv",
+        momentum_md=report(f"{TABLES}/async_pp_momentum.md", category="async_pp"),
     params:
         cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "tables"),
         gf=GF,
@@ -118,9 +170,9 @@ rule async_pp_tables:
     resources:
         **rule_resources("async_pp_tables"),
     shell:
-        "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --curves {input.curves} "
+        "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} "
         "--scale {params.scale} --main-table {output.main} --mitigations-table {output.mitigations} "
-        "--length-table {output.length} > {log} 2>&1"
+        "--length-table {output.length} --momentum-table {output.momentum} > {log} 2>&1"
 
 
 rule async_pp_figures:
@@ -130,7 +182,7 @@ rule async_pp_figures:
     output:
         momentum=report(f"{FIGURES}/async_pp_momentum.png", category="async_pp"),
         depth=report(f"{FIGURES}/async_pp_depth.png", category="async_pp"),
-        gap_vs_tokens=report(f"{FIGURES}/async_pp_gap_vs_tokens.png", category="async_pp"),
+        ladder=report(f"{FIGURES}/async_pp_ladder.png", category="async_pp"),
         curves=report(f"{FIGURES}/async_pp_curves.png", category="async_pp"),
     params:
         cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "figures"),
@@ -145,7 +197,7 @@ rule async_pp_figures:
         **rule_resources("async_pp_figures"),
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --curves {input.curves} --scale {params.scale} "
-        "--fig-momentum {output.momentum} --fig-depth {output.depth} --fig-gap-vs-tokens {output.gap_vs_tokens} "
+        "--fig-momentum {output.momentum} --fig-depth {output.depth} --fig-ladder {output.ladder} "
         "--fig-curves {output.curves} > {log} 2>&1"
 
 
@@ -156,6 +208,7 @@ rule async_pp_claims:
         mitigations=f"{TABLES}/async_pp_mitigations.csv",
         lr_selection=f"{TABLES}/async_pp_lr_selection.csv",
         length=f"{TABLES}/async_pp_length.csv",
+        momentum=f"{TABLES}/async_pp_momentum.csv",
     output:
         f"{RESULTS}/claims/async_pp.json",
     params:
@@ -172,11 +225,13 @@ rule async_pp_claims:
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} --claims {output} "
         "--claim-source {input.main} --claim-source {input.mitigations} --claim-source {input.lr_selection} "
-        "--claim-source {input.length} "
+        "--claim-source {input.length} --claim-source {input.momentum} "
         "> {log} 2>&1"
 
 
 rule async_pp_bench:
+    input:
+        list(ASYNC_PP_DATA.values()),
     output:
         report(f"{RESULTS}/bench/async_pp.json", category="async_pp"),
     params:
@@ -193,7 +248,9 @@ rule async_pp_bench:
     resources:
         **rule_resources("async_pp_bench"),
     shell:
-        "{params.gf} bench-async-pp --cfg {params.cfg} --out {output} > {log} 2>&1"
+        "{params.gf} bench-async-pp --cfg {params.cfg} --out {output} "
+        + (f"--data {ASYNC_PP_ROOT}/data " if ASYNC_PP_DATA else "")
+        + "> {log} 2>&1"
 
 
 rule async_pp:

@@ -131,8 +131,10 @@ STUDY_RUNS = {}
 
 
 def study_runs(wildcards):
-    """input function of `runs_table`: the metrics.json files of one study."""
-    return STUDY_RUNS[wildcards.study]
+    """input function of `runs_table`: the metrics.json files of one study (a list, or an input function of its own
+    where a study's runs depend on a checkpoint)."""
+    runs = STUDY_RUNS[wildcards.study]
+    return runs(wildcards) if callable(runs) else runs
 
 
 def study_root(study):

@@ -1,7 +1,8 @@
 # Data preparation: corpora written once to results/<scale>/<study>/data/ and read by the training rules.
-# Study C's byte corpora (enwik8, TinyStories, or their embedded stand-ins) are prepared here. Study A's arithmetic
-# task and study B's character corpus are generated in-process from a fixed seed by their packages (a few KB, no
-# file to cache), so they have no rule of their own; the real FineWeb-Edu / LUFFY loaders run only at paper scale.
+# Study C's byte corpora (enwik8, TinyStories, or their embedded stand-ins) are prepared here; study B's text-file
+# corpus (its BPE and token splits) by async_pp_data in async_pp.smk, from the same Python-docs text at the cpu scale.
+# Study A's arithmetic task and study B's smoke corpus are generated in-process from a fixed seed by their packages
+# (a few KB, no file to cache); the real FineWeb-Edu / LUFFY loaders run only at paper scale.
 
 
 # Study C's `source: file` corpora are inputs of the data rule (a changed file redoes the splits). The cpu scale's

@@ -40,6 +40,7 @@ _ROW = {
         "min_n": {"type": "integer", "minimum": 1},
         "level": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
         "evidence": {"enum": ["measured", "arithmetic"]},
+        "evidence_version": {"type": "integer", "minimum": 1},
     },
 }
 _REGISTRY = {
@@ -81,7 +82,8 @@ def load_registry_document(path: str | Path | None = None) -> dict:
 
 def load_registry(path: str | Path | None = None) -> list[dict]:
     doc = load_registry_document(path)
-    return [dict(row, level=row.get("level", doc["interval_level"]), evidence=row.get("evidence", "measured"))
+    return [dict(row, level=row.get("level", doc["interval_level"]), evidence=row.get("evidence", "measured"),
+                 evidence_version=row.get("evidence_version", 1))
             for row in doc["claims"]]
 
 

@@ -141,12 +141,20 @@ def load_evidence(paths: list[str | Path], scale: str) -> dict[str, dict]:
     return evidence
 
 
-def judge(claim: dict, rec: dict | None, evidence_present: bool, scale: str) -> tuple[str, str]:
-    """(verdict, reason) for one registry row and the record its study wrote (None if none)."""
+def judge(claim: dict, rec: dict | None, evidence_present: bool, scale: str,
+          evidence_version: int | None = None) -> tuple[str, str]:
+    """(verdict, reason) for one registry row and the record its study wrote (None if none). `evidence_version`: the
+    version the evidence file was written at (1 when it names none); below the row's `evidence_version` the record
+    was computed for an earlier metric of the claim and is not judged against the current check."""
     if scale not in claim["scales"]:
         return NOT_MEASURED, f"measurable at {', '.join(claim['scales'])} only"
     if not evidence_present:
         return NOT_MEASURED, f"study '{claim['study']}' produced no evidence"
+    wanted = claim.get("evidence_version", 1)
+    if evidence_version is not None and evidence_version < wanted:
+        return NOT_MEASURED, (f"stale evidence: written at evidence version {evidence_version}, but this claim's "
+                              f"metric is at version {wanted} (registry); rebuild results/{scale}/claims/"
+                              f"{claim['study']}.json from runs made by the current code")
     if rec is None:
         return NOT_MEASURED, f"study '{claim['study']}' reported no value for {claim['id']}"
     failed = [g for g in rec.get("gates") or [] if not g["passed"]]
@@ -173,7 +181,8 @@ def verify(registry: list[dict], evidence: dict[str, dict], scale: str) -> pd.Da
     for claim in registry:
         study = evidence.get(claim["study"])
         rec = (study or {}).get("values", {}).get(claim["id"])
-        verdict, reason = judge(claim, rec, study is not None, scale)
+        verdict, reason = judge(claim, rec, study is not None, scale,
+                                (study or {}).get("evidence_version", 1))
         rec = rec or {}
         rows.append({
             "id": claim["id"], "study": claim["study"], "paper": claim["paper"], "statement": claim["statement"],

@@ -1,5 +1,5 @@
-"""Run records -> the study's tidy CSVs: runs.csv (one row per run: the cell, status, final loss, plateau change,
-LR, tokens, step time) and curves.csv (one row per validation evaluation of a finished run).
+"""Run records -> the study's tidy CSVs: runs.csv (one row per run: the cell, status, final loss, LR, tokens, epochs
+of the training split, step time) and curves.csv (one row per validation evaluation of a finished run).
 
 A run's cell is read from its records (`harness.results.cell_of`: the training rule's wildcards, written by the
 harness), never rebuilt from its path; the files read are the ones given (the rule's {input}), through the harness
@@ -41,7 +41,7 @@ def aggregate(metrics_paths: list[str], runs_csv: str, curves_csv: str, scale: s
         m = rec["metrics"]
         key = asdict(c)
         rows.append({**key, "status": rec["status"], "final_val_loss": float(m["final_val_loss"]) if ok else math.nan,
-                     "plateau_delta": float(m.get("plateau_delta", math.nan)) if ok else math.nan,
+                     "epochs": float(m.get("epochs", math.nan)) if ok else math.nan,
                      "lr_value": m.get("lr", math.nan) if ok else math.nan,
                      "diverged_at_step": math.nan if ok else m.get("diverged_at_step", math.nan),
                      "tokens": c.steps * tokens_per_step if tokens_per_step else math.nan,

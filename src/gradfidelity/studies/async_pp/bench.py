@@ -4,9 +4,11 @@
    model shape and init, same optimizer, same batches, alternating single steps in one process (median per-step
    time); the issue asks for <= 1.15x.
 2. Real pipeline: tokens/s of the asynchronous 1F1B (2bw, no flush) against a flushing synchronous 1F1B on the same
-   stages, with each schedule's bubble fraction = 1 - (mean over stages of busy time) / wall time, next to the
-   theoretical (P-1)/(m+P-1) of the flushing schedule. Stages run one thread each; on a shared 2-core machine the
-   numbers are noisy, which is why each is a median over repeats and the raw values are kept.
+   stages, alternating repeat by repeat. Reported: every repeat's ratio, their median, range and IQR (on a shared
+   2-core machine the repeats scatter: round 2's were 1.02-1.40), the exact bound for the batches used
+   (`batch_bound`: 24 batches of 4 micro-batches on 2 stages allow at most 120/97 = 1.237, not the asymptotic 1.25),
+   and each repeat's reconciliation of the ratio with the bubbles (`summarize`): sends are timed apart from compute,
+   so the bubble is idle time only, and whatever the bubbles do not explain is shown as a compute-time difference.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ STEP_COST_LIMIT = 1.15
 PIPELINE_TARGET = 1.15  # the issue's bar for real 2bw / flushing sync throughput (theory: (m+P-1)/m)
 
 
-def sim_step_cost(cfg: StudyConfig, steps: int, repeats: int) -> dict:
+def sim_step_cost(cfg: StudyConfig, steps: int, repeats: int, data_dir: str | None = None) -> dict:
     tc = cfg.train
-    stream = build_stream(cfg.data, tc.seq_len, tc.batch_size, seed=0)
+    stream = build_stream(cfg.data, tc.seq_len, tc.batch_size, seed=0, data_dir=data_dir)
     mcfg = cfg.model.with_vocab(stream.vocab_size)
     sims = {}
     for schedule in ("sync", "2bw"):
@@ -55,6 +57,52 @@ def sim_step_cost(cfg: StudyConfig, steps: int, repeats: int) -> dict:
             "timed_steps": steps * repeats, "optimizer": "adamw", "threads": torch.get_num_threads()}
 
 
+def batch_bound(n_stages: int, n_micro: int, steps: int) -> float:
+    """The most 2bw can gain over the flushing schedule for `steps` batches on balanced stages, in micro-batch
+    slots: sync runs each batch alone, m + P - 1 slots; 2bw fills the pipe once, steps m + P - 1 slots in all."""
+    P, m = n_stages, n_micro
+    return steps * (m + P - 1) / (steps * m + P - 1)
+
+
+def _repeat(timing: list[dict], tokens: int) -> dict:
+    """One repeat of one schedule: the stages' seconds and the bubble (idle share of the stage-seconds)."""
+    wall = max(t["wall_s"] for t in timing)
+    busy = sum(t["busy_s"] for t in timing)
+    comm = sum(t.get("send_s", 0.0) for t in timing)
+    return {"wall_s": wall, "tokens_per_s": tokens / wall, "busy_s": busy, "send_s": comm,
+            "recv_wait_s": sum(t["recv_wait_s"] for t in timing),
+            "bubble_fraction": 1.0 - busy / (len(timing) * wall)}
+
+
+def summarize(res: dict, n_stages: int, n_micro: int, steps: int, repeats: int, tokens: int) -> dict:
+    """Per-repeat ratios (2bw and sync alternate, so repeat r of each saw the same machine load), their median and
+    spread, the exact bound for the batches used, and the reconciliation: per repeat the ratio is exactly
+    (busy_sync / busy_2bw) x ((1 - bubble_2bw) / (1 - bubble_sync)), so a ratio the bubbles alone do not explain
+    shows up as a difference in compute time between the schedules, not as a mystery."""
+    runs = {s: [_repeat(res[f"{s}_{r}"]["timing"], tokens) for r in range(repeats)] for s in ("sync", "2bw")}
+    ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs["sync"], runs["2bw"], strict=True)]
+    compute = [a["busy_s"] / b["busy_s"] for a, b in zip(runs["sync"], runs["2bw"], strict=True)]
+    idle = [(1 - b["bubble_fraction"]) / (1 - a["bubble_fraction"]) for a, b in zip(runs["sync"], runs["2bw"],
+                                                                                    strict=True)]
+    out = {"runs": {s: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs),
+                        "bubble_fraction": statistics.median(r["bubble_fraction"] for r in rs),
+                        "bubble_theoretical": theoretical_bubble(s, n_stages, n_micro), "repeats": rs}
+                    for s, rs in runs.items()},
+           "ratio_per_repeat": ratios, "ratio_median": statistics.median(ratios),
+           "ratio_min": min(ratios), "ratio_max": max(ratios),
+           "ratio_iqr": (statistics.quantiles(ratios, n=4)[2] - statistics.quantiles(ratios, n=4)[0]
+                         if len(ratios) > 1 else 0.0),
+           "reconciliation": {"compute_factor_per_repeat": compute, "idle_factor_per_repeat": idle,
+                              "explained": ("ratio = compute_factor x idle_factor per repeat: compute_factor = "
+                                            "busy seconds of sync / of 2bw (the same work; > 1 means 2bw computed "
+                                            "faster), idle_factor = (1 - bubble_2bw) / (1 - bubble_sync); sends are "
+                                            "counted apart from busy (send_s), blocking receives are idle")},
+           "bound_for_these_batches": batch_bound(n_stages, n_micro, steps),
+           "bound_asymptotic": 1.0 / (1.0 - theoretical_bubble("sync", n_stages, n_micro))}
+    out["median_within_bound"] = out["ratio_median"] <= out["bound_for_these_batches"]
+    return out
+
+
 def pipeline_throughput(cfg: StudyConfig, pc: BenchPipeline) -> dict:
     # A stage big enough that compute dominates the gloo messages (bench.pipeline.model overrides the study model).
     model = replace(cfg.model, **asdict(pc.model), tie_embeddings=False)
@@ -65,32 +113,20 @@ def pipeline_throughput(cfg: StudyConfig, pc: BenchPipeline) -> dict:
             for r in range(pc.repeats) for s in ("sync", "2bw")]
     res = run_pipeline(setup, jobs)
     tokens = pc.steps * setup.batch_size * setup.seq_len
-    out: dict = {"n_stages": setup.n_stages, "n_micro": m, "steps": pc.steps,
-                 "tokens_per_run": tokens, "model": asdict(model), "runs": {}}
-    for s in ("sync", "2bw"):
-        tps, bubbles = [], []
-        for r in range(pc.repeats):
-            timing = res[f"{s}_{r}"]["timing"]
-            wall = max(t["wall_s"] for t in timing)
-            tps.append(tokens / wall)
-            bubbles.append(1.0 - sum(t["busy_s"] for t in timing) / (len(timing) * wall))
-        out["runs"][s] = {"tokens_per_s": statistics.median(tps), "bubble_fraction": statistics.median(bubbles),
-                          "bubble_theoretical": theoretical_bubble(s, setup.n_stages, m),
-                          "raw_tokens_per_s": tps, "raw_bubble": bubbles}
-    ratio = out["runs"]["2bw"]["tokens_per_s"] / out["runs"]["sync"]["tokens_per_s"]
-    out["throughput_ratio_2bw_over_sync"] = ratio
-    # The most a bubble-free schedule can gain over the flushing one on balanced stages.
-    out["throughput_ratio_theoretical"] = 1.0 / (1.0 - theoretical_bubble("sync", setup.n_stages, m))
-    out["target"], out["meets_target"] = PIPELINE_TARGET, ratio >= PIPELINE_TARGET
+    out: dict = {"n_stages": setup.n_stages, "n_micro": m, "steps": pc.steps, "tokens_per_run": tokens,
+                 "model": asdict(model), "corpus": "embedded (throughput does not depend on the text)",
+                 **summarize(res, setup.n_stages, m, pc.steps, pc.repeats, tokens)}
+    out["throughput_ratio_2bw_over_sync"] = out["ratio_median"]
+    out["target"], out["meets_target"] = PIPELINE_TARGET, out["ratio_median"] >= PIPELINE_TARGET
     return out
 
 
-def run_bench(cfg: StudyConfig, out_path: str) -> dict:
+def run_bench(cfg: StudyConfig, out_path: str, data_dir: str | None = None) -> dict:
     cfg.need("model", "data", "train", "bench")
     torch.set_num_threads(1)
     b = cfg.bench
     result = {"study": "async_pp",
-              "sim_step_cost": sim_step_cost(cfg, b.steps, b.repeats),
+              "sim_step_cost": sim_step_cost(cfg, b.steps, b.repeats, data_dir),
               "pipeline": pipeline_throughput(cfg, b.pipeline)}
     atomic_write_json(out_path, result)
     return result

@@ -1,8 +1,10 @@
 """Subcommands of study B: argparse glue, no logic. Heavy imports happen inside the handlers so `gradfidelity --help`
 stays fast.
 
+  async-pp-data       a text file -> BPE-tokenized train/val splits (data.corpus file)
   async-pp-train      train one cell (`--run-dir`, `--cell`: the rule's wildcards) through the harness Run
-  async-pp-select-lr  the LR grid's metrics.json -> lr_selection.json + the LR-selection table
+  async-pp-lr-round   one round of the LR grid -> the points the next round trains (a Snakemake checkpoint)
+  async-pp-select-lr  the LR grid's metrics.json (every round) -> lr_selection.json + the LR-selection table
   async-pp-aggregate  the metrics.json files given (harness loader, one scale) -> runs.csv + curves.csv
   async-pp-report     tables, figures and/or claim evidence from the aggregates
   bench-async-pp      simulated step cost and real-pipeline throughput -> results/<scale>/bench/async_pp.json
@@ -26,20 +28,43 @@ def _train(args) -> int:
     from gradfidelity.studies.async_pp.plan import cell_from_wildcards
     from gradfidelity.studies.async_pp.train import run_cell
 
-    run_cell(_cfg(args.cfg), cell_from_wildcards(args.cell), args.run_dir, args.threads, args.lr_selection)
+    run_cell(_cfg(args.cfg), cell_from_wildcards(args.cell), args.run_dir, args.threads, args.lr_selection,
+             args.data)
+    return 0
+
+
+def _data(args) -> int:
+    from gradfidelity.studies.async_pp.data import prepare_file
+
+    data = _cfg(args.cfg).need("data").data
+    meta = prepare_file(data.path, args.out, data.bpe_vocab, data.val_fraction)
+    print(f"{data.path}: {meta['sizes']['train']} train / {meta['sizes']['val']} val tokens, vocabulary "
+          f"{meta['vocab_size']}, {meta['chars_per_token']} characters a token")
     return 0
 
 
 def _select_lr(args) -> int:
     from gradfidelity.studies.async_pp.lr_select import write_selection
 
-    doc = write_selection(args.metrics, args.scale, args.out)
+    doc = write_selection(args.metrics, args.scale, args.out, args.base)
     if args.table:
         from gradfidelity.studies.async_pp.tables import write_lr_selection
 
         write_lr_selection(doc, args.table)
-    for opt, s in doc["optimizers"].items():
-        print(f"{opt}: x{s['multiplier']:g} -> lr {s['lr']:.3g}{' (grid edge)' if s['at_grid_edge'] else ''}")
+    for c in doc["choices"]:
+        print(f"{c['optimizer']} momentum {c['momentum']:g}: x{c['multiplier']:g} -> lr {c['lr']:.3g}"
+              f"{'' if c['bracketed'] else ' (NOT bracketed)'}")
+    return 0
+
+
+def _lr_round(args) -> int:
+    from gradfidelity.harness.io import atomic_write_json
+    from gradfidelity.studies.async_pp.lr_select import extension_round
+
+    doc = extension_round(args.metrics, args.scale, args.base, args.max_extensions)
+    atomic_write_json(args.out, doc)
+    for e in doc["extension"]:
+        print(f"{e['optimizer']} momentum {e['momentum']:g}: won at an edge, next round trains x{e['multiplier']:g}")
     return 0
 
 
@@ -53,21 +78,17 @@ def _aggregate(args) -> int:
 def _report(args) -> int:
     cfg = _cfg(args.cfg)
     if args.main_table:
-        import pandas as pd
-
         from gradfidelity.studies.async_pp.aggregate import read_runs
         from gradfidelity.studies.async_pp.pairing import Gaps
         from gradfidelity.studies.async_pp.tables import write_tables
 
-        curves = pd.read_csv(args.curves) if args.curves else None
         write_tables(Gaps(read_runs(args.runs, args.scale), cfg), args.main_table, args.mitigations_table,
-                     args.scale, curves, args.length_table)
+                     args.scale, args.length_table, args.momentum_table)
     if args.fig_momentum:
         from gradfidelity.studies.async_pp.figures import write_figures
 
         write_figures(args.runs, args.curves, cfg, {"momentum": args.fig_momentum, "depth": args.fig_depth,
-                                                     "gap_vs_tokens": args.fig_gap_vs_tokens,
-                                                     "curves": args.fig_curves})
+                                                     "ladder": args.fig_ladder, "curves": args.fig_curves})
     if args.claims:
         from gradfidelity.studies.async_pp.claims import write_claims
 
@@ -79,15 +100,20 @@ def _report(args) -> int:
 def _bench(args) -> int:
     from gradfidelity.studies.async_pp.bench import run_bench
 
-    result = run_bench(_cfg(args.cfg), args.out)
+    result = run_bench(_cfg(args.cfg), args.out, args.data)
     sc, pl = result["sim_step_cost"], result["pipeline"]
-    print(f"2bw/sync step cost {sc['ratio_2bw_over_sync']:.3f} (limit {sc['limit']}); pipeline 2bw/sync "
-          f"throughput {pl['throughput_ratio_2bw_over_sync']:.3f}")
+    print(f"2bw/sync step cost {sc['ratio_2bw_over_sync']:.3f} (limit {sc['limit']})")
+    print(f"pipeline 2bw/sync throughput: median {pl['ratio_median']:.3f} over repeats "
+          f"{', '.join(f'{r:.3f}' for r in pl['ratio_per_repeat'])} "
+          f"(range {pl['ratio_min']:.3f}-{pl['ratio_max']:.3f}, IQR {pl['ratio_iqr']:.3f}); "
+          f"bound for {pl['steps']} batches {pl['bound_for_these_batches']:.3f} "
+          f"(asymptotic {pl['bound_asymptotic']:.3f})")
+    rec = pl["reconciliation"]
+    for r, (c, i) in enumerate(zip(rec["compute_factor_per_repeat"], rec["idle_factor_per_repeat"], strict=True)):
+        print(f"  repeat {r}: ratio {pl['ratio_per_repeat'][r]:.3f} = compute {c:.3f} x idle {i:.3f}")
     for s in ("sync", "2bw"):
         r = pl["runs"][s]
-        print(f"  {s}: bubble measured {r['bubble_fraction']:.3f}, theoretical (P-1)/(m+P-1) = "
-              f"{r['bubble_theoretical']:.3f}" if s == "sync" else
-              f"  {s}: bubble measured {r['bubble_fraction']:.3f}, theoretical {r['bubble_theoretical']:.3f}")
+        print(f"  {s}: bubble measured {r['bubble_fraction']:.3f}, theoretical {r['bubble_theoretical']:.3f}")
     return 0
 
 
@@ -99,14 +125,30 @@ def register(sub) -> None:
     add_run_args(p)
     p.add_argument("--lr-selection", help="lr_selection.json (needed by lr~tuned cells)")
     p.add_argument("--threads", default=1, type=int)
+    p.add_argument("--data", help="the prepared corpus folder (data.corpus file: the async_pp_data rule's output)")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("async-pp-data", help="study B: a text file -> BPE-tokenized train/val splits")
+    p.add_argument("--cfg", required=True, help="JSON: the data section")
+    p.add_argument("--out", required=True, help="the prepared corpus folder")
+    p.set_defaults(func=_data)
 
     p = sub.add_parser("async-pp-select-lr", help="study B: choose each optimizer's LR on the sync grid")
     p.add_argument("--metrics", nargs="+", required=True, help="the LR grid's metrics.json files")
     p.add_argument("--scale", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--table", help="the LR-selection table (.csv; a .md beside it)")
+    p.add_argument("--base", nargs="+", type=float, required=True, help="the configured multipliers "
+                   "(lr_selection.multipliers): the others are extensions")
     p.set_defaults(func=_select_lr)
+
+    p = sub.add_parser("async-pp-lr-round", help="study B: one round of the LR grid -> the points the next adds")
+    p.add_argument("--metrics", nargs="+", required=True, help="the grid's metrics.json files so far")
+    p.add_argument("--scale", required=True)
+    p.add_argument("--base", nargs="+", type=float, required=True, help="lr_selection.multipliers")
+    p.add_argument("--max-extensions", type=int, required=True, help="lr_selection.max_extensions")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_lr_round)
 
     p = sub.add_parser("async-pp-aggregate", help="study B: runs -> runs.csv, curves.csv")
     p.add_argument("--metrics", nargs="+", required=True, help="every run's metrics.json (the rule's input)")
@@ -121,8 +163,8 @@ def register(sub) -> None:
     p.add_argument("--runs", required=True)
     p.add_argument("--curves")
     p.add_argument("--scale", required=True)
-    for opt in ("main-table", "mitigations-table", "length-table", "fig-momentum", "fig-depth", "fig-gap-vs-tokens",
-                "fig-curves", "claims"):
+    for opt in ("main-table", "mitigations-table", "length-table", "momentum-table", "fig-momentum", "fig-depth",
+                "fig-ladder", "fig-curves", "claims"):
         p.add_argument(f"--{opt}")
     p.add_argument("--claim-source", action="append", help="a path (e.g. a table) to list among every claim "
                    "record's sources, after its run directories and runs.csv; repeatable")
@@ -131,4 +173,5 @@ def register(sub) -> None:
     p = sub.add_parser("bench-async-pp", help="study B: 2bw step cost and real pipeline throughput")
     p.add_argument("--cfg", required=True)
     p.add_argument("--out", default="results/bench/async_pp.json")
+    p.add_argument("--data", help="the prepared corpus folder (data.corpus file)")
     p.set_defaults(func=_bench)

@@ -25,6 +25,7 @@ STUDY = "async_pp"
 SCHEDULES = ("sync", "2bw", "pipedream", "pipedream_vsync")
 MITIGATIONS = ("none", "error_feedback", "taylor", "sync_start", "sync_cooldown")
 HEADS = ("tied", "untied")
+FINEWEB_EDU = "HuggingFaceFW/fineweb-edu"  # the schema's default `data.path`
 DTYPE_NAMES = ("float32", "float64")  # config `train.dtype` (model.DTYPES maps them to torch dtypes)
 DELAY_READERS = ("sync_start", "sync_cooldown", "taylor")  # the mitigations whose settings live in `delay`
 
@@ -41,6 +42,23 @@ DEFAULTS = {
     "mars": {"lr": 3e-3, "momentum": 0.95},
 }
 OPTIMIZERS = tuple(DEFAULTS)
+# The Adam-type optimizers whose second-moment decay stays fixed when the momentum (beta1) moves; AdamW's moves with
+# it (`adam_beta2`). Why: optimizers.py.
+FIXED_BETA2 = {"soap": 0.95, "mars": 0.99}
+
+
+def adam_beta2(beta1: float) -> float:
+    """AdamW's beta2 at momentum beta1: 1 - beta2 = (1 - beta1) / 2, written (1 + beta1) / 2, which is exactly 0.95
+    at 0.9 in floating point."""
+    return (1.0 + beta1) / 2.0
+
+
+def check_betas(name: str, momentum: float, key: str = "momentum") -> None:
+    """beta1 < sqrt(beta2) for an Adam-type optimizer at `momentum`, else a UserError naming `key`."""
+    beta2 = adam_beta2(momentum) if name == "adamw" else FIXED_BETA2.get(name)
+    if beta2 is not None and not momentum < beta2 ** 0.5:
+        raise UserError(f"bad config key '{STUDY}.{key}': {name} at momentum (beta1) {momentum} has beta2 {beta2}, "
+                        f"so beta1 >= sqrt(beta2) = {beta2 ** 0.5:.4f}, where Adam-type updates are unstable")
 
 
 def _bad(key: str, why: str) -> UserError:
@@ -51,6 +69,7 @@ def _bad(key: str, why: str) -> UserError:
 class LrSelection:
     multipliers: tuple[float, ...]
     seed: int
+    max_extensions: int
 
 
 @dataclass(frozen=True)
@@ -98,6 +117,13 @@ class DataConfig:
     tokenizer: str
     train_tokens: int
     val_tokens: int
+    bpe_vocab: int
+    val_fraction: float
+    max_epochs: float
+
+    def __post_init__(self):
+        if self.corpus == "file" and self.path == FINEWEB_EDU:
+            raise _bad("data.path", "corpus 'file' needs the path of a text file (the default is FineWeb-Edu's hub id)")
 
 
 @dataclass(frozen=True)
@@ -157,12 +183,30 @@ class LengthSweep:
 
 
 @dataclass(frozen=True)
+class LadderExtension:
+    optimizers: tuple[str, ...]
+    steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Ladder:
+    steps: tuple[int, ...]
+    extend: LadderExtension
+
+    def of(self, optimizer: str) -> list[int]:
+        """The sync budgets of `optimizer`: the ladder, and its extension where it names the optimizer."""
+        more = self.extend.steps if optimizer in self.extend.optimizers else ()
+        return sorted({*self.steps, *more})
+
+
+@dataclass(frozen=True)
 class Sweeps:
     main: MainSweep
     mitigation: MitigationSweep
     momentum: MomentumSweep
     depth: DepthSweep
     length: LengthSweep
+    ladder: Ladder
 
 
 @dataclass(frozen=True)
@@ -220,6 +264,30 @@ class StudyConfig:
                 and max(self.sweeps.depth.depths) > self.model.n_units:
             raise _bad("sweeps.depth.depths", f"P = {max(self.sweeps.depth.depths)} exceeds the model's "
                        f"{self.model.n_units} pipeline units (2 * model.n_layers + 2)")
+
+        if self.sweeps is not None and self.train is not None:
+            self._check_ladder()
+        if self.sweeps is not None:
+            for o in self.sweeps.momentum.optimizers:
+                for m in self.sweeps.momentum.momenta:
+                    check_betas(o, m, "sweeps.momentum.momenta")
+
+    def _check_ladder(self) -> None:
+        """The sync ladder must hold every budget an async run is compared at (the main budget T, 2T for its
+        transient gate, each length: the gate reads the sync loss there) and reach below the smallest of them (an
+        async run that loses compute needs a shorter sync budget to be read off)."""
+        ladder, T = sorted(self.sweeps.ladder.steps), self.train.steps
+        needed = sorted({T, 2 * T, *self.sweeps.length.steps})
+        missing = [n for n in needed if n not in ladder]
+        if missing:
+            raise _bad("sweeps.ladder.steps", f"{ladder} lacks {missing}: it must hold the main budget train.steps "
+                       f"= {T}, twice it (the transient gate) and every sweeps.length.steps")
+        if ladder[0] >= needed[0]:
+            raise _bad("sweeps.ladder.steps", f"the shortest sync budget {ladder[0]} is not below the smallest async "
+                       f"budget {needed[0]}: an async run that loses any compute would fall below the ladder")
+        low = [n for n in self.sweeps.ladder.extend.steps if n <= ladder[-1]]
+        if low:
+            raise _bad("sweeps.ladder.extend.steps", f"{low} do not lie above the ladder's top {ladder[-1]}")
 
     def need(self, *sections: str) -> StudyConfig:
         """Self, once every named section is there: a job names what it reads, and a rule that did not pass it

@@ -1,7 +1,7 @@
 """runs.csv / curves.csv -> the figures of study B (gradfidelity.plots' house style), at the paths the rule passes.
 
-The gaps are the paired-seed means of pairing.Gaps; the gap-vs-tokens figure draws the length table (tables.py), so
-a figure and its table show the same numbers.
+Each figure draws a table of tables.py (the ladder and f by budget, f by momentum) or the same pairing functions, so a
+figure and its table show the same numbers. The unit is lost compute, 100 (1 - f) (compute_fraction.py).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pandas as pd
 
 from gradfidelity.plots import new_figure, save_figure, style_axes
 from gradfidelity.studies.async_pp.config import StudyConfig
-from gradfidelity.studies.async_pp.pairing import Gaps
+from gradfidelity.studies.async_pp.pairing import Gaps, Spec, fractions
 from gradfidelity.studies.async_pp.plan import default_momentum
-from gradfidelity.studies.async_pp.tables import length_table
+from gradfidelity.studies.async_pp.tables import length_table, momentum_table
 
 
 def _line(ax, xs, ys, label, **kw):
@@ -23,16 +23,22 @@ def _line(ax, xs, ys, label, **kw):
     ax.plot(xs, ys, marker="o", label=label, **kw)
 
 
+def _lost(g: Gaps, spec: Spec) -> float:
+    fr = fractions(g, {"a": spec})
+    return float(np.mean(100 * fr.lost("a"))) if fr.n else math.nan
+
+
 def fig_momentum(g: Gaps, path: str) -> None:
     fig, axes = new_figure()
     ax = axes[0, 0]
-    sw = g.cfg.sweeps.momentum
-    for opt in sw.optimizers:
-        _line(ax, sw.momenta, [g.gap(opt, momentum=m) for m in sw.momenta], opt)
+    table = momentum_table(g)
+    for opt, rows in table.groupby("optimizer", sort=False):
+        _line(ax, rows.momentum, rows.lost_pct, opt)
     ax.axhline(0, color="grey", lw=0.8)
-    style_axes(ax, "One-step-delay gap vs momentum", "momentum (beta1 / mu)", "gap (2bw - sync), nats")
+    style_axes(ax, "Lost compute vs momentum", "momentum (beta1 / mu), own LR each", "lost compute, % of T")
     ax.legend()
-    save_figure(fig, path, caption="Paper claim B4: higher momentum -> smaller gap. Missing points: diverged.")
+    save_figure(fig, path, caption="Claim B4: higher momentum -> less compute lost to the delay. Missing points: "
+                                   "diverged or f outside the sync ladder.")
 
 
 def fig_depth(g: Gaps, path: str) -> None:
@@ -43,39 +49,41 @@ def fig_depth(g: Gaps, path: str) -> None:
         color = f"C{i}"
         for schedule, ls in (("pipedream", "-"), ("pipedream_vsync", ":")):
             if schedule in sw.schedules:
-                _line(ax, sw.depths, [g.gap(opt, schedule, depth=P, head="untied") for P in sw.depths],
+                _line(ax, sw.depths, [_lost(g, Spec(opt, schedule, depth=P, head="untied")) for P in sw.depths],
                       f"{opt} {schedule}", color=color, ls=ls)
-        ax.plot(sw.depths, [g.gap(opt, head="untied")] * len(sw.depths), color=color, ls="--",
+        ax.plot(sw.depths, [_lost(g, Spec(opt, "2bw", head="untied"))] * len(sw.depths), color=color, ls="--",
                 label=f"{opt} 2bw")
     ax.set_xscale("log", base=2)
-    style_axes(ax, "Gap vs pipeline depth P (untied head)", "pipeline depth P", "gap vs sync, nats")
+    style_axes(ax, "Lost compute vs pipeline depth P (untied head)", "pipeline depth P", "lost compute, % of T")
     ax.legend(fontsize=7)
     save_figure(fig, path, caption="Claim B6: PipeDream's staleness is P-1-k per stage, 2BW's is 1 at any depth.")
 
 
-def fig_gap_vs_tokens(g: Gaps, path: str) -> None:
-    fig, axes = new_figure()
-    ax = axes[0, 0]
+def fig_ladder(g: Gaps, path: str) -> None:
+    """Left: the sync loss against the budget (separate runs), with each async run beside its sync budget; right:
+    f at each budget that has an async run, with its interval."""
+    fig, axes = new_figure(ncols=2, width=3.6, height=2.8)
+    left, right = axes[0, 0], axes[0, 1]
     table = length_table(g)
     for i, (opt, rows) in enumerate(table.groupby("optimizer", sort=False)):
-        _line(ax, rows.tokens, rows.gap, f"{opt} gap", color=f"C{i}")
-        _line(ax, rows.tokens, rows.sync_plateau_delta.abs(), f"{opt} |sync change, last 10%|", color=f"C{i}",
-              ls=":")
-        ax.plot(rows.tokens, rows.plateau_limit, color=f"C{i}", ls="--", lw=0.8, alpha=0.6,
-                label=f"{opt} gate limit")
-    ax.set_xscale("log")
-    # the gaps span 0.2 to 1e-3 nats: log scale, or symlog (linear below 1e-3) when a gap is <= 0
-    positive = bool((table.gap > 0).all() and (table.sync_plateau_delta.abs() > 0).all())
-    if positive:
-        ax.set_yscale("log")
-    else:
-        ax.set_yscale("symlog", linthresh=1e-3)
-        ax.axhline(0, color="grey", lw=0.8)
-    style_axes(ax, "Gap and sync plateau vs training length", "training tokens (separate runs, full LR schedule)",
-               "nats" + ("" if positive else " (symlog: linear below 1e-3)"))
-    ax.legend(fontsize=7)
-    save_figure(fig, path, caption="Claim B7: the gap should not grow with training length. The plateau gate "
-                                   "passes where the dotted line is below the dashed one, max(|gap|, 1% of sync) / 4.")
+        color = f"C{i}"
+        _line(left, rows.tokens, rows.sync, f"{opt} sync", color=color)
+        a = rows.dropna(subset=["async_2bw"])
+        left.scatter(a.tokens, a.async_2bw, marker="x", color=color, label=f"{opt} 2bw")
+        f = rows.dropna(subset=["f"])
+        if len(f):
+            yerr = np.vstack([f.f - f.f_low, f.f_high - f.f]).clip(min=0)
+            right.errorbar(f.tokens, f.f, yerr=np.nan_to_num(yerr), marker="o", color=color, label=opt, capsize=2)
+    left.set_xscale("log")
+    right.set_xscale("log")
+    right.axhline(1, color="grey", lw=0.8)
+    style_axes(left, "Sync loss by budget (each a full run)", "training tokens", "final val loss, nats/token")
+    style_axes(right, "Effective compute fraction f", "training tokens", "f = S* / T")
+    left.legend(fontsize=6)
+    right.legend(fontsize=7)
+    save_figure(fig, path, caption="Left: the sync loss must still fall per doubling (the regime of LLM "
+                                   "pretraining). Right: f = the share of its budget the async run got; B7: f does "
+                                   "not fall with the budget.")
 
 
 def fig_curves(curves: pd.DataFrame, g: Gaps, path: str) -> None:
@@ -106,5 +114,5 @@ def write_figures(runs_csv: str, curves_csv: str, cfg: StudyConfig, paths: dict)
     g = Gaps(pd.read_csv(runs_csv), cfg)  # runs.csv is refused at another scale by the tables and claims rules
     fig_momentum(g, paths["momentum"])
     fig_depth(g, paths["depth"])
-    fig_gap_vs_tokens(g, paths["gap_vs_tokens"])
+    fig_ladder(g, paths["ladder"])
     fig_curves(pd.read_csv(curves_csv), g, paths["curves"])

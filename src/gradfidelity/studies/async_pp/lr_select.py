@@ -1,11 +1,19 @@
-"""The learning-rate selection rule of study B, fixed before any async run (issue 13, item 1).
+"""The learning-rate selection rule of study B, fixed before any async run (issue 13, item 1; grown in issue 25).
 
-Rule: per optimizer, train the `sync` schedule at every multiplier m of config `lr_selection.multipliers` times the
-optimizer's default LR (config.DEFAULTS), on the selection seed `lr_selection.seed` (not an evaluation seed), for
-the main budget `train.steps`; choose the multiplier with the lowest final sync validation loss (diverged runs
-excluded; a tie goes to the smaller LR). Every other cell of the optimizer (every schedule, mitigation, momentum,
-depth and length) then trains at that LR (`lr~tuned`). A choice at the edge of the grid is flagged in the table:
-the grid may not bracket the optimum.
+Rule: per optimizer and momentum (plan.lr_keys), train the `sync` schedule at every multiplier m of config
+`lr_selection.multipliers` times the optimizer's default LR (config.DEFAULTS), on the selection seed
+`lr_selection.seed` (not an evaluation seed), for the main budget `train.steps`. While the lowest final sync
+validation loss sits at an edge of the grid, add one point 2x past that edge and train it (a round; at most
+`lr_selection.max_extensions` past one edge). Then choose the multiplier with the lowest final loss (diverged runs
+excluded; a tie goes to the smaller LR). Every other cell of that optimizer and momentum (every schedule,
+mitigation, depth and length) trains at that LR (`lr~tuned`).
+
+Why grow the grid: in round 2 Adan, Lion and MARS won at the top of a fixed grid, and Adan at 8x was 0.04 nats
+better than at 4x: its delay gap was measured under-tuned. Why per momentum: the best LR moves with the momentum,
+and a sweep that holds the LR of 0.9 measures the mistuning at 0.98 as much as the momentum.
+
+The rounds are a Snakemake checkpoint (rule async_pp_lr_round): each round's document lists the points the next
+round trains (`extension_round`), and the selection reads every round's runs (`select`).
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS
 from gradfidelity.studies.async_pp.plan import TUNED, cell_from_run, lr_multiplier
 
-RULE = ("per optimizer, the multiplier of the default LR with the lowest final sync validation loss on the selection "
-        "seed (diverged runs excluded, ties to the smaller LR); used by every schedule")
+RULE = ("per optimizer and momentum, the multiplier of the default LR with the lowest final sync validation loss on "
+        "the selection seed, the grid grown 2x past a winning edge until bracketed (diverged runs excluded, ties to "
+        "the smaller LR); used by every schedule")
+FACTOR = 2.0  # an extension's step past the winning edge
 
 
 def choose(grid: dict[float, float]) -> float:
@@ -31,7 +41,7 @@ def choose(grid: dict[float, float]) -> float:
     return min(m for m, v in finite.items() if v == best)
 
 
-def extension(grid: dict[float, float], factor: float = 2.0) -> list[float]:
+def extension(grid: dict[float, float], factor: float = FACTOR) -> list[float]:
     """The multipliers to add so that the chosen one is bracketed: none when the winner has a grid point on both
     sides (a diverged neighbour counts: it is worse), else one point `factor` past the winning edge (issue 25: Adan,
     Lion and MARS won at the top of round 2's grid, and Adan at 8x was 0.04 nats better than at 4x). Applied round
@@ -45,45 +55,83 @@ def extension(grid: dict[float, float], factor: float = 2.0) -> list[float]:
     return []
 
 
-def select(metrics_paths: list[str], scale: str) -> dict:
-    """The grid runs' metrics.json (the rule's {input}) -> the selection document. Each run's cell is read from its
+def _read_grid(metrics_paths: list[str], scale: str) -> dict[tuple[str, float], list[dict]]:
+    """The grid runs' records, per (optimizer, momentum), in multiplier order. Each run's cell is read from its
     records (harness.results.cell_of), not from its path."""
     from gradfidelity.harness.results import cell_of, load_run_records
 
-    by_opt: dict[str, list[dict]] = {}
+    by_key: dict[tuple[str, float], list[dict]] = {}
     for rec in load_run_records(metrics_paths, scale=scale):
         c = cell_from_run(cell_of(rec))
         if c.lr == TUNED or c.schedule != "sync":
             raise UserError(f"{rec['path']}: not an LR-grid run (sync, lr~x<m>)")
         ok = rec["status"] == "ok"
-        loss = float(rec["metrics"]["final_val_loss"]) if ok else math.nan
         m = lr_multiplier(c.lr)
-        by_opt.setdefault(c.optimizer, []).append(
-            {"multiplier": m, "lr": DEFAULTS[c.optimizer]["lr"] * m, "final_val_loss": loss,
+        by_key.setdefault((c.optimizer, c.momentum), []).append(
+            {"multiplier": m, "lr": DEFAULTS[c.optimizer]["lr"] * m,
+             "final_val_loss": float(rec["metrics"]["final_val_loss"]) if ok else math.nan,
              "status": rec["status"], "seed": c.seed, "steps": c.steps, "run_dir": rec["run_dir"]})
-    out = {}
-    for opt in sorted(by_opt, key=OPTIMIZERS.index):
-        grid = sorted(by_opt[opt], key=lambda r: r["multiplier"])
-        mult = choose({r["multiplier"]: r["final_val_loss"] for r in grid})
-        mults = [r["multiplier"] for r in grid]
-        out[opt] = {"default_lr": DEFAULTS[opt]["lr"], "multiplier": mult, "lr": DEFAULTS[opt]["lr"] * mult,
-                    "at_grid_edge": len(mults) > 1 and mult in (mults[0], mults[-1]), "grid": grid}
-    return {"study": "async_pp", "scale": scale, "rule": RULE, "optimizers": out}
+    return {k: sorted(v, key=lambda r: r["multiplier"])
+            for k, v in sorted(by_key.items(), key=lambda kv: (OPTIMIZERS.index(kv[0][0]), kv[0][1]))}
 
 
-def write_selection(metrics_paths: list[str], scale: str, out_json: str) -> dict:
+def _extended(mults: list[float], base: list[float]) -> tuple[list[float], list[float]]:
+    """The grid points added below and above the configured multipliers."""
+    return [m for m in mults if m < min(base)], [m for m in mults if m > max(base)]
+
+
+def extension_round(metrics_paths: list[str], scale: str, base: list[float], max_extensions: int) -> dict:
+    """One round's document: the grid so far and the points the next round trains (`extension`: one per key whose
+    winner sits at an edge, unless that side already holds `max_extensions` added points)."""
+    grid = _read_grid(metrics_paths, scale)
+    ext = []
+    for (opt, mom), rows in grid.items():
+        losses = {r["multiplier"]: r["final_val_loss"] for r in rows}
+        below, above = _extended(list(losses), base)
+        for m in extension(losses, FACTOR):
+            if len(below if m < min(losses) else above) < max_extensions:
+                ext.append({"optimizer": opt, "momentum": mom, "multiplier": m})
+    return {"study": "async_pp", "scale": scale, "base_multipliers": list(base),
+            "grid": [{"optimizer": o, "momentum": mom, "losses": {f"{r['multiplier']:g}": r["final_val_loss"]
+                                                                  for r in rows}}
+                     for (o, mom), rows in grid.items()],
+            "extension": ext}
+
+
+def select(metrics_paths: list[str], scale: str, base: list[float] | None = None) -> dict:
+    """Every grid run's metrics.json (all rounds: the rule's {input}) -> the selection document: per (optimizer,
+    momentum) the grid, the choice, the points added past the configured grid, and whether the choice is
+    bracketed (a grid point on both sides of it)."""
+    choices = []
+    for (opt, mom), rows in _read_grid(metrics_paths, scale).items():
+        mult = choose({r["multiplier"]: r["final_val_loss"] for r in rows})
+        mults = [r["multiplier"] for r in rows]
+        below, above = _extended(mults, base or mults)
+        edge = mult in (mults[0], mults[-1])
+        choices.append({"optimizer": opt, "momentum": mom, "default_lr": DEFAULTS[opt]["lr"], "multiplier": mult,
+                        "lr": DEFAULTS[opt]["lr"] * mult, "extended": below + above,
+                        "at_grid_edge": len(mults) > 1 and edge, "bracketed": len(mults) > 2 and not edge,
+                        "grid": rows})
+    return {"study": "async_pp", "scale": scale, "rule": RULE, "base_multipliers": list(base or []),
+            "choices": choices}
+
+
+def write_selection(metrics_paths: list[str], scale: str, out_json: str, base: list[float] | None = None) -> dict:
     """The selection document, written to `out_json` (what every lr~tuned cell reads); its table: tables.py."""
-    doc = select(metrics_paths, scale)
+    doc = select(metrics_paths, scale, base)
     atomic_write_json(out_json, doc)
     return doc
 
 
-def tuned_lr(selection_path: str, optimizer: str) -> float:
-    """The chosen LR of `optimizer` from the selection file (what a `lr~tuned` cell trains at)."""
+def tuned_lr(selection_path: str, optimizer: str, momentum: float) -> float:
+    """The chosen LR of `optimizer` at `momentum` from the selection file (what a `lr~tuned` cell trains at)."""
     try:
         doc = json.loads(open(selection_path).read())
-        return float(doc["optimizers"][optimizer]["lr"])
+        for c in doc["choices"]:
+            if c["optimizer"] == optimizer and float(c["momentum"]) == float(momentum):
+                return float(c["lr"])
     except FileNotFoundError:
         raise UserError(f"async_pp: LR selection file {selection_path} is missing (run the LR grid first)") from None
     except (KeyError, TypeError, ValueError, json.JSONDecodeError):
-        raise UserError(f"async_pp: {selection_path} has no chosen LR for {optimizer!r}") from None
+        raise UserError(f"async_pp: {selection_path} is not an LR selection document (choices)") from None
+    raise UserError(f"async_pp: {selection_path} has no chosen LR for {optimizer!r} at momentum {momentum:g}")

@@ -9,7 +9,7 @@ live in `config.DEFAULTS` only; the LR actually used is chosen per optimizer on 
 multiples of that default (lr_select.py, config `lr_selection`).
 | optimizer | lr | momentum maps to | other | source |
 |---|---|---|---|---|
-| adamw | 2e-3 | betas[0] 0.9 | beta2 0.95, wd 0.1, eps 1e-8 | nanoGPT/SmolLM betas, wd |
+| adamw | 2e-3 | betas[0] 0.9 | beta2 (1 + beta1) / 2 = 0.95, wd 0.1, eps 1e-8 | nanoGPT/SmolLM betas, wd |
 | muon | 2e-3 | momentum 0.95 | nesterov, 5 NS, `use_adjusted_lr`; aux AdamW same lr, wd 0.1 | Moonlight |
 | soap | 3e-3 | betas[0] 0.95 | beta2 0.95, wd 0.01, precondition every 10 | SOAP reference defaults |
 | adan | 2e-3 | betas[0] 0.98 | betas (0.98, 0.92, 0.99), decoupled wd 0.02 | Adan paper betas |
@@ -24,7 +24,15 @@ MARS: `weight_decay_1d` is 0 (pytorch-optimizer's default 0.1 would decay the no
 here does).
 
 Lion's `momentum` is beta2, the decay of its momentum buffer (beta1 only interpolates the sign argument); for the
-others it is the decay of the first-moment / momentum buffer. The momentum sweep (AdamW and Muon) changes only this.
+others it is the decay of the first-moment / momentum buffer.
+
+AdamW's beta2 moves with its momentum (`adam_beta2`): 1 - beta2 = (1 - beta1) / 2, so the second moment always
+averages over twice the first moment's horizon (0.95 at the default 0.9, nanoGPT's value). Round 2's sweep held
+beta2 at 0.95 and so put beta1 = 0.98 above sqrt(beta2) = 0.975, where Adam's updates are known to be unstable
+(beta1 < sqrt(beta2) is the condition of Zhang et al. 2022, "Adam can converge without any modification"): its
+largest momentum measured that instability, not the delay. With the coupling, beta1 < sqrt(beta2) holds at every
+beta1 in [0, 1) (2 b^2 - b - 1 < 0 there). SOAP and MARS keep a fixed beta2: `config.check_betas` refuses a momentum
+that would break the condition for them, as the config loads.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import torch
 from torch import nn
 
 from gradfidelity.errors import UserError
-from gradfidelity.studies.async_pp.config import DEFAULTS
+from gradfidelity.studies.async_pp.config import DEFAULTS, FIXED_BETA2, adam_beta2, check_betas
 
 
 @dataclass(frozen=True)
@@ -53,14 +61,15 @@ def _spec(name: str, weight_decay: float, extra: dict, source: str) -> OptSpec:
 
 
 REGISTRY: dict[str, OptSpec] = {
-    "adamw": _spec("adamw", 0.1, {"beta2": 0.95, "eps": 1e-8}, "torch.optim.AdamW; nanoGPT/SmolLM betas"),
+    "adamw": _spec("adamw", 0.1, {"eps": 1e-8}, "torch.optim.AdamW; nanoGPT/SmolLM betas"),
     "muon": _spec("muon", 0.0, {"adamw_wd": 0.1, "nesterov": True, "ns_steps": 5},
                   "pytorch_optimizer.Muon(use_adjusted_lr=True); Moonlight RMS matching"),
-    "soap": _spec("soap", 0.01, {"beta2": 0.95, "precondition_frequency": 10},
+    "soap": _spec("soap", 0.01, {"beta2": FIXED_BETA2["soap"], "precondition_frequency": 10},
                   "pytorch_optimizer.SOAP; SOAP reference defaults"),
     "adan": _spec("adan", 0.02, {"beta2": 0.92, "beta3": 0.99}, "pytorch_optimizer.Adan; Adan paper betas"),
     "lion": _spec("lion", 0.5, {"beta1": 0.9}, "pytorch_optimizer.Lion; Lion paper lr/wd rules"),
-    "mars": _spec("mars", 0.1, {"beta2": 0.99, "gamma": 0.025}, "pytorch_optimizer.MARS; MARS defaults"),
+    "mars": _spec("mars", 0.1, {"beta2": FIXED_BETA2["mars"], "gamma": 0.025},
+                  "pytorch_optimizer.MARS; MARS defaults"),
 }
 
 
@@ -82,12 +91,13 @@ def build_optimizer(name: str, named_params: list[tuple[str, nn.Parameter]], *, 
     mom = spec.momentum if momentum is None else float(momentum)
     if not 0.0 <= mom < 1.0:
         raise UserError(f"async_pp momentum {mom} must be in [0, 1)")
+    check_betas(name, mom)
     x = spec.extra
     mats = [p for n, p in named_params if p.ndim >= 2]
     vecs = [p for n, p in named_params if p.ndim < 2]
     if name == "adamw":
         groups = [{"params": mats, "weight_decay": spec.weight_decay}, {"params": vecs, "weight_decay": 0.0}]
-        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(mom, x["beta2"]), eps=x["eps"])
+        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(mom, adam_beta2(mom)), eps=x["eps"])
     elif name == "muon":
         hidden = [p for n, p in named_params if _is_hidden_matrix(n, p)]
         other_m = [p for n, p in named_params if p.ndim >= 2 and not _is_hidden_matrix(n, p)]

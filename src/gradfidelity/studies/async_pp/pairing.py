@@ -7,15 +7,12 @@ then summarised over seeds. Only `lr~tuned` cells enter (the LR grid is lr_selec
 A seed on which any run a statistic needs diverged (or is missing) is dropped from that statistic (`Paired.dropped`),
 counted and named by the claims and the tables: never averaged away silently.
 
-The sync plateau gate (issue 13): a gap taken while the sync loss still falls measures progress, not robustness to
-delay. For every optimizer a claim compares, the sync loss must change over the last 10% of the steps
-(`plateau_delta`, mean over the paired seeds) by less than a quarter of that optimizer's gap (mean, absolute), or
-of 1% of its sync loss when the gap is smaller than that (B2's own threshold for "small": asking for a flatter
-curve than that would leave every near-zero gap unmeasurable). Else the claim is not measured, with the numbers.
+The effective compute fraction f (compute_fraction.py) of an async cell is read per seed off the sync ladder of
+its own (optimizer, momentum, head) on the same seed (`fractions`), and every claim on it is behind the transient
+gate of that key at that budget (`transient`).
 
-EF recovery % = 100 (async - async_EF) / (async - sync), per seed. Extra steps = how many more steps the sync run
-needed after reaching the async run's final loss (T - the first step, linearly interpolated on the validation
-curve, at which sync reached it); nan when async ends below sync's final loss.
+EF recovery % = 100 (async - async_EF) / (async - sync), per seed, in nats (the tables' secondary column); the
+claims recover lost compute instead (claims.py).
 """
 
 from __future__ import annotations
@@ -26,13 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from gradfidelity.claims.evidence import gate
 from gradfidelity.errors import UserError
 from gradfidelity.studies.async_pp.config import StudyConfig
 from gradfidelity.studies.async_pp.plan import TUNED, default_momentum, main_head
-
-PLATEAU_SHARE = 0.25  # the sync change over the last 10% must be below this share of the gap
-PLATEAU_FLOOR = 0.01  # ... or of this fraction of the sync loss when the gap is smaller (B2's threshold)
 
 
 @dataclass(frozen=True)
@@ -59,13 +52,12 @@ class Spec:
 
 @dataclass
 class Paired:
-    """Final losses (and sync plateau changes) of several cells on the seeds where every one of them finished."""
+    """Final losses of several cells on the seeds where every one of them finished."""
 
     seeds: list[int]
     loss: dict[str, np.ndarray]
     dropped: dict[int, list[str]] = field(default_factory=dict)  # seed -> the runs that diverged / are missing
     sources: list[str] = field(default_factory=list)
-    plateau: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.loss[name]
@@ -95,7 +87,7 @@ class Gaps:
         self.steps = cfg.train.steps
         self.seeds = list(range(cfg.seeds))
         self.head = main_head(cfg)
-        self._index: dict[tuple, tuple[float, str, str, float]] = {}
+        self._index: dict[tuple, tuple[float, str, str]] = {}
         cols = set(runs.columns)
         for row in runs.to_dict("records"):
             if row.get("lr", TUNED) != TUNED:
@@ -107,47 +99,90 @@ class Gaps:
             loss = float(row["final_val_loss"])
             status = row["status"] if math.isfinite(loss) else "diverged"
             run_dir = row["run_dir"] if "run_dir" in cols and isinstance(row["run_dir"], str) else ""
-            plateau = float(row["plateau_delta"]) if "plateau_delta" in cols else math.nan
-            self._index[key] = (loss, status, run_dir, plateau)
+            self._index[key] = (loss, status, run_dir)
 
     @staticmethod
     def _key(optimizer, head, schedule, mitigation, depth, momentum, steps, seed) -> tuple:
         return (optimizer, head, schedule, mitigation, int(depth), round(float(momentum), 6), int(steps), int(seed))
 
-    def _cell(self, spec: Spec, seed: int) -> tuple[float, str, str, float]:
+    def _cell(self, spec: Spec, seed: int) -> tuple[float, str, str]:
         mom = default_momentum(spec.optimizer) if spec.momentum is None else spec.momentum
         depth = spec.depth if spec.schedule.startswith("pipedream") else 1
         key = self._key(spec.optimizer, spec.head or self.head, spec.schedule, spec.mitigation, depth, mom,
                         spec.steps or self.steps, seed)
-        return self._index.get(key, (math.nan, "missing", "", math.nan))
+        return self._index.get(key, (math.nan, "missing", ""))
 
     def paired(self, specs: dict[str, Spec]) -> Paired:
-        seeds, loss, plateau, dropped, sources = [], {k: [] for k in specs}, {k: [] for k in specs}, {}, []
+        seeds, loss, dropped, sources = [], {k: [] for k in specs}, {}, []
         for seed in self.seeds:
             got, bad = {}, []
             for name, spec in specs.items():
-                value, status, run_dir, pl = self._cell(spec, seed)
+                value, status, run_dir = self._cell(spec, seed)
                 if run_dir:
                     sources.append(run_dir)
-                if status != "ok":
+                if status != "ok" and f"{spec.label()} {status}" not in bad:
                     bad.append(f"{spec.label()} {status}")
-                got[name] = (value, pl)
+                got[name] = value
             if bad:
                 dropped[seed] = bad
                 continue
             seeds.append(seed)
-            for name, (value, pl) in got.items():
+            for name, value in got.items():
                 loss[name].append(value)
-                plateau[name].append(pl)
         return Paired(seeds, {k: np.asarray(v, dtype=float) for k, v in loss.items()}, dropped,
-                      list(dict.fromkeys(sources)), {k: np.asarray(v, dtype=float) for k, v in plateau.items()})
+                      list(dict.fromkeys(sources)))
 
-    def gap(self, optimizer, schedule="2bw", mitigation="none", depth=1, momentum=None, steps=None,
-            head=None) -> float:
-        """Mean over paired seeds of (variant - sync); NaN if no seed has both runs finished (figures)."""
-        p = self.paired({"v": Spec(optimizer, schedule, mitigation, depth, momentum, steps, head),
-                         "sync": Spec(optimizer, momentum=momentum, steps=steps, head=head)})
-        return float((p["v"] - p["sync"]).mean()) if p.n else math.nan
+
+@dataclass
+class Fractions:
+    """The effective compute fraction f = S*/T (compute_fraction.py) of async cells, per paired seed: each read off
+    its own (optimizer, momentum, head) sync ladder on the same seed. `p` holds every loss (the async cells under
+    their names, the ladder under `<name>@sync<n>`); `outside` names each seed whose f lies outside its ladder (nan
+    there: f is never extrapolated)."""
+
+    p: Paired
+    f: dict[str, np.ndarray]
+    outside: list[str]
+
+    @property
+    def n(self) -> int:
+        return self.p.n
+
+    def lost(self, name: str) -> np.ndarray:
+        """1 - f: the compute the delay costs."""
+        return 1.0 - self.f[name]
+
+    def defined(self, *names: str) -> str:
+        """'' when every named f is inside its ladder on every paired seed, else why not (the claims' reason)."""
+        bad = [o for o in self.outside if o.split(":")[0] in names]
+        return "; ".join(bad)
+
+
+def fractions(g: Gaps, asyncs: dict[str, Spec], extra: dict[str, Spec] | None = None) -> Fractions:
+    """f of every async cell in `asyncs` (its budget T = spec.steps or train.steps), on the seeds where it, every
+    rung of its sync ladder (config sweeps.ladder) and every cell of `extra` finished."""
+    from gradfidelity.studies.async_pp.compute_fraction import effective_fraction
+
+    specs = dict(asyncs) | dict(extra or {})
+    for name, a in asyncs.items():
+        for n in g.cfg.sweeps.ladder.of(a.optimizer):
+            specs[f"{name}@sync{n}"] = Spec(a.optimizer, momentum=a.momentum, steps=n, head=a.head)
+    p = g.paired(specs)
+    f, outside = {}, []
+    for name, a in asyncs.items():
+        T = a.steps or g.steps
+        ladder = g.cfg.sweeps.ladder.of(a.optimizer)
+        vals = []
+        for i, seed in enumerate(p.seeds):
+            frac = effective_fraction(ladder, [p[f"{name}@sync{n}"][i] for n in ladder], float(p[name][i]), T)
+            if not math.isfinite(frac.value):
+                side = "worse than" if frac.where == "below_sweep" else "better than"
+                edge = ladder[0] if frac.where == "below_sweep" else ladder[-1]
+                outside.append(f"{name}: seed {seed}: {a.label()} ends {side} sync at {edge} steps, the ladder's "
+                               "end (f is not extrapolated)")
+            vals.append(frac.value)
+        f[name] = np.asarray(vals, dtype=float)
+    return Fractions(p, f, outside)
 
 
 def ef_recovery(sync, asyn, ef):
@@ -159,38 +194,25 @@ def ef_recovery(sync, asyn, ef):
     return float(out) if out.ndim == 0 else out
 
 
-def extra_steps(steps, val_loss, target: float) -> float:
-    """T - (first step, linearly interpolated, at which the sync curve reaches `target`); nan if it never does.
+def transient(g: Gaps, optimizer: str, momentum: float | None = None, head: str | None = None,
+              steps: int | None = None, level: float = 0.95) -> tuple[dict, dict]:
+    """The transient gate of one (optimizer, momentum, head) at budget T (default train.steps), from its 2bw runs at
+    T and 2T and its sync ladder (compute_fraction.transient_gate), as (gate record, numbers for the tables)."""
+    from gradfidelity.claims.evidence import gate
+    from gradfidelity.studies.async_pp.compute_fraction import transient_gate
+    from gradfidelity.studies.async_pp.plan import gate_steps
 
-    `steps`/`val_loss`: the sync run's validation curve (ascending steps, the last = T)."""
-    s, v = np.asarray(steps, dtype=float), np.asarray(val_loss, dtype=float)
-    if len(s) == 0 or not np.isfinite(target) or v[-1] > target:
-        return math.nan
-    i = int(np.argmax(v <= target))
-    if i == 0:
-        return float(s[-1] - s[0])
-    # v[i-1] > target >= v[i]: interpolate between the two evaluations
-    frac = (v[i - 1] - target) / (v[i - 1] - v[i])
-    return float(s[-1] - (s[i - 1] + frac * (s[i] - s[i - 1])))
-
-
-def plateau_limit(gap_mean: float, sync_mean: float) -> float:
-    """The largest |sync change over the last 10% of steps| the gate accepts: a quarter of |gap|, or of 1% of
-    the sync loss when the gap is smaller than that."""
-    return PLATEAU_SHARE * max(abs(gap_mean), PLATEAU_FLOOR * sync_mean)
-
-
-def plateau_gate(p: Paired, items: list[tuple[str, str, np.ndarray]]) -> list[dict]:
-    """The sync plateau gate for the optimizers of a claim: items = (label, sync cell name in p, per-seed gap)."""
-    if p.n == 0:
-        return []
-    ok, parts = True, []
-    for label, sync_name, gaps in items:
-        delta = float(np.mean(p.plateau[sync_name]))
-        limit = plateau_limit(float(np.mean(gaps)), float(np.mean(p[sync_name])))
-        passed = math.isfinite(delta) and abs(delta) < limit
-        ok &= passed
-        parts.append(f"{label}: sync changed {delta:.4g} over the last 10% of steps, limit {limit:.4g} "
-                     f"({'ok' if passed else 'not plateaued'})")
-    return [gate("sync_plateau", ok, "; ".join(parts))]
-
+    T = int(steps or g.steps)
+    T2 = gate_steps(T)
+    label = Spec(optimizer, momentum=momentum, head=head).label().replace(" sync", "") + f" at {T} steps"
+    fr = fractions(g, {"T": Spec(optimizer, "2bw", momentum=momentum, steps=T, head=head),
+                       "2T": Spec(optimizer, "2bw", momentum=momentum, steps=T2, head=head)})
+    info = {"seeds": fr.n, "f_T": fr.f["T"], "f_2T": fr.f["2T"]}
+    if fr.n < 2:
+        return gate("transient", False, f"{label}: fewer than 2 paired seeds{fr.p.dropped_note()}"), info
+    if fr.defined("T", "2T"):
+        return gate("transient", False, f"{label}: not decidable, {fr.defined('T', '2T')}"), info
+    sync_T, sync_2T = fr.p[f"T@sync{T}"], fr.p[f"2T@sync{T2}"]
+    tg = transient_gate(fr.f["T"], fr.f["2T"], sync_T, sync_2T, fr.p["T"] - sync_T, level)
+    info.update(passed=tg.passed, reason=tg.reason, fall=float(np.mean(sync_T - sync_2T)))
+    return gate("transient", tg.passed, f"{label}: {tg.reason + ': ' if tg.reason else ''}{tg.detail}"), info

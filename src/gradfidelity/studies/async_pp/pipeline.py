@@ -128,7 +128,7 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
     in_flight: dict[int, tuple] = {}
     acc: dict[int, list[torch.Tensor]] = {}
     sends: list = []
-    busy = wait = 0.0
+    busy = wait = send = 0.0  # compute; blocking receives (transfer + waiting: the bubble); posting sends
     losses = []
     t_start = time.perf_counter()
     for op, i in _ops(job.schedule, k, P, T, m):
@@ -155,7 +155,11 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
                 out = lm_loss(out, y[j * mb:(j + 1) * mb])
                 losses.append(float(out.detach()))
             else:
+                busy += time.perf_counter() - t0
+                t0 = time.perf_counter()
                 sends.append(dist.isend(out.detach(), dst=k + 1, tag=i))
+                send += time.perf_counter() - t0
+                t0 = time.perf_counter()
             in_flight[i] = (v, x_in, out)
             busy += time.perf_counter() - t0
         else:
@@ -172,7 +176,11 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
             inputs = [versions[v][n] for n in names] + ([x_in] if k > 0 else [])
             gs = torch.autograd.grad(outputs, inputs, grad_outputs=grad_out)
             if k > 0:
+                busy += time.perf_counter() - t0
+                t0 = time.perf_counter()
                 sends.append(dist.isend(gs[-1].detach(), dst=k - 1, tag=i))
+                send += time.perf_counter() - t0
+                t0 = time.perf_counter()
             pg = list(gs[:len(names)])
             acc[t] = pg if t not in acc else [a + b for a, b in zip(acc[t], pg, strict=True)]
             if (i + 1) % m == 0:  # last micro-batch of batch t on this stage: update
@@ -192,12 +200,16 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
                     del versions[old]
                 peak = max(peak, len(versions))
             busy += time.perf_counter() - t0
+        t0 = time.perf_counter()
         sends = [h for h in sends if not h.is_completed()]
+        send += time.perf_counter() - t0
+    t0 = time.perf_counter()
     for h in sends:
         h.wait()
+    send += time.perf_counter() - t0
     wall = time.perf_counter() - t_start
     return {"params": {n: p.detach().clone() for n, p in named},
-            "timing": {"stage": k, "wall_s": wall, "busy_s": busy, "recv_wait_s": wait,
+            "timing": {"stage": k, "wall_s": wall, "busy_s": busy, "recv_wait_s": wait, "send_s": send,
                        "max_versions": peak},
             "losses": losses}
 

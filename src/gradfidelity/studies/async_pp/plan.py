@@ -8,17 +8,20 @@ of the momentum sweep) is trained once and read by both.
 
 - lr: `x<m>` = m times the optimizer's default LR (config.DEFAULTS): the LR-selection grid, sync schedule only, on
   the selection seed `lr_selection.seed` (not one of the evaluation seeds, so the chosen LR is not fitted to the
-  seeds the gaps are measured on). `tuned` = the LR chosen from that grid (lr_select.py): every other cell, every
-  schedule, so every async variant uses the LR chosen on sync before any async run.
+  seeds the gaps are measured on), per optimizer and momentum (`lr_keys`), grown past a winning edge in rounds
+  (lr_select.py). `tuned` = the LR chosen from that grid: every other cell, every schedule, so every async variant
+  uses the LR chosen on sync before any async run.
 - head: `tied` (the model's `tie_embeddings`) everywhere except the depth sweep, which unties the LM head (README:
   a tied head cannot be fresh at the last stage of an asynchronous pipeline), with its own sync and 2bw references.
 
-Sweeps (config `sweeps`):
-- main:       optimizer x {sync, 2bw}                                      (B1-B3)
-- mitigation: optimizer x 2bw x {error_feedback, taylor, sync_start, sync_cooldown}   (B5, B9)
-- momentum:   optimizer x momentum x {sync, 2bw}                           (B4)
-- depth:      optimizer x P x {pipedream, pipedream_vsync}, untied head, + untied sync and 2bw   (B6)
-- length:     optimizer x steps x {sync, 2bw}                              (B7)
+Sweeps (config `sweeps`); T = train.steps, f = the effective compute fraction (compute_fraction.py):
+- ladder:     sync at every ladder budget, for every (optimizer, momentum, head) a claim reads (`f_keys`), plus 2bw
+              at T and 2T (f(T) and its transient gate)                  (every claim's f)
+- main:       those keys for each optimizer                              (B1-B3)
+- mitigation: optimizer x 2bw x {error_feedback, taylor, sync_start, sync_cooldown} at T   (B5, B9)
+- momentum:   those keys for each optimizer x momentum, each with its own LR             (B4)
+- depth:      optimizer x P x {pipedream, pipedream_vsync} at T, untied head (with its own keys)   (B6)
+- length:     optimizer x 2bw at each length (a doubling series inside the ladder)       (B7)
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ KEYS = ("optimizer", "lr", "head", "schedule", "mitigation", "depth", "momentum"
 TUNED = "tuned"
 SELECTION = "lr_selection.json"  # the LR-selection document, in the study's results root
 # The paper tables (<name>.csv + <name>.md under the scale's table root) and figures (<name>.png) of the study.
-TABLES = ("async_pp_main", "async_pp_mitigations", "async_pp_lr_selection", "async_pp_length")
-FIGURES = ("async_pp_momentum", "async_pp_depth", "async_pp_gap_vs_tokens", "async_pp_curves")
+TABLES = ("async_pp_main", "async_pp_mitigations", "async_pp_lr_selection", "async_pp_length", "async_pp_momentum")
+FIGURES = ("async_pp_momentum", "async_pp_depth", "async_pp_ladder", "async_pp_curves")
 # The training rule's run directory and output, with these wildcards (constraints in WILDCARDS).
 RUN_DIR = "/".join(f"{k}~{{{k}}}" for k in KEYS) + "/seed{seed}"
 PATTERN = RUN_DIR + "/metrics.json"
@@ -102,23 +105,53 @@ def sweep_optimizers(cfg: StudyConfig) -> list[str]:
                   key=OPTIMIZERS.index)
 
 
-def grid_cells(cfg: StudyConfig) -> list[Cell]:
-    """The LR-selection grid: sync, every multiplier, the selection seed (config checks that it is not an
-    evaluation seed), the main budget and model."""
-    seed, steps, head = cfg.lr_selection.seed, cfg.train.steps, main_head(cfg)
-    return sorted(Cell(o, lr_label(m), head, "sync", "none", 1, default_momentum(o), steps, seed)
-                  for o in sweep_optimizers(cfg) for m in cfg.lr_selection.multipliers)
+def lr_keys(cfg: StudyConfig) -> list[tuple[str, float]]:
+    """(optimizer, momentum) pairs that get an LR of their own: every optimizer at its default momentum, and each
+    point of the momentum sweep (the best LR moves with the momentum: round 2 used 0.9's LR at 0.98)."""
+    keys = {(o, default_momentum(o)) for o in sweep_optimizers(cfg)}
+    keys |= {(o, float(m)) for o in cfg.sweeps.momentum.optimizers for m in cfg.sweeps.momentum.momenta}
+    return sorted(keys, key=lambda k: (OPTIMIZERS.index(k[0]), k[1]))
+
+
+def grid_cell(cfg: StudyConfig, optimizer: str, momentum: float, multiplier: float) -> Cell:
+    """One LR-grid run: sync, the selection seed (config checks that it is not an evaluation seed), the main
+    budget and model."""
+    return Cell(optimizer, lr_label(multiplier), main_head(cfg), "sync", "none", 1, float(momentum),
+                cfg.train.steps, cfg.lr_selection.seed)
+
+
+def grid_cells(cfg: StudyConfig, extension: list[dict] | None = None) -> list[Cell]:
+    """The LR grid's first round (every key x every configured multiplier), or the cells of an extension round
+    (`extension`: [{optimizer, momentum, multiplier}], lr_select.extension_round)."""
+    if extension is not None:
+        return sorted(grid_cell(cfg, e["optimizer"], e["momentum"], e["multiplier"]) for e in extension)
+    return sorted(grid_cell(cfg, o, mom, m) for o, mom in lr_keys(cfg) for m in cfg.lr_selection.multipliers)
+
+
+def gate_steps(steps: int) -> int:
+    """The budget the transient gate compares a budget with (compute_fraction.transient_gate): twice it."""
+    return 2 * int(steps)
+
+
+def f_keys(cfg: StudyConfig) -> list[tuple[str, float, str]]:
+    """(optimizer, momentum, head) of every f a claim reads: each trains sync at every ladder budget and 2bw at the
+    main budget and at twice it (its transient gate)."""
+    sw, head0 = cfg.sweeps, main_head(cfg)
+    keys = {(o, default_momentum(o), head0) for s in (sw.main, sw.mitigation, sw.length) for o in s.optimizers}
+    keys |= {(o, float(m), head0) for o in sw.momentum.optimizers for m in sw.momentum.momenta}
+    keys |= {(o, default_momentum(o), "untied") for o in sw.depth.optimizers}
+    return sorted(keys, key=lambda k: (OPTIMIZERS.index(k[0]), k[1], k[2]))
 
 
 def cells(cfg: StudyConfig) -> list[Cell]:
     """Every cell of every sweep (LR grid included), deduplicated and sorted."""
-    steps = cfg.train.steps
+    T = cfg.train.steps
     seeds = range(cfg.seeds)
     sw = cfg.sweeps
     head0 = main_head(cfg)
     out: set[Cell] = set(grid_cells(cfg))
 
-    def add(opt, schedule, mitigation="none", depth=1, momentum=None, n_steps=steps, head=head0):
+    def add(opt, schedule, mitigation="none", depth=1, momentum=None, n_steps=T, head=head0):
         mom = default_momentum(opt) if momentum is None else float(momentum)
         depth = int(depth) if schedule.startswith("pipedream") else 1
         if schedule.startswith("pipedream") and head == "tied":
@@ -126,28 +159,21 @@ def cells(cfg: StudyConfig) -> list[Cell]:
         for s in seeds:
             out.add(Cell(opt, TUNED, head, schedule, mitigation, depth, mom, int(n_steps), s))
 
-    for opt in sw.main.optimizers:
-        for schedule in ("sync", "2bw"):
-            add(opt, schedule)
+    for opt, mom, head in f_keys(cfg):
+        for n in sw.ladder.of(opt):
+            add(opt, "sync", momentum=mom, n_steps=n, head=head)
+        for n in (T, gate_steps(T)):
+            add(opt, "2bw", momentum=mom, n_steps=n, head=head)
     for opt in sw.mitigation.optimizers:
-        for schedule in ("sync", "2bw"):
-            add(opt, schedule)
         for mit in sw.mitigation.mitigations:
             add(opt, "2bw", mit)
-    for opt in sw.momentum.optimizers:
-        for mom in sw.momentum.momenta:
-            for schedule in ("sync", "2bw"):
-                add(opt, schedule, momentum=mom)
     for opt in sw.depth.optimizers:  # config checks that every P fits the model's pipeline units
-        for schedule in ("sync", "2bw"):
-            add(opt, schedule, head="untied")
         for P in sw.depth.depths:
             for schedule in sw.depth.schedules:
                 add(opt, schedule, depth=P, head="untied")
     for opt in sw.length.optimizers:
         for n in sw.length.steps:
-            for schedule in ("sync", "2bw"):
-                add(opt, schedule, n_steps=n)
+            add(opt, "2bw", n_steps=n)
     return sorted(out)
 
 

@@ -27,6 +27,7 @@ _REPORT = ("seeds", "model", "train", "sweeps")
 JOB_KEYS: dict[str, tuple[str, ...]] = {
     "train": ("model", "data", "train"),
     "train_delay": ("model", "data", "train", "delay"),  # a cell whose mitigation is one of DELAY_READERS
+    "data": ("data",),
     "select_lr": (),
     "aggregate": (),
     "tables": _REPORT,
@@ -60,17 +61,97 @@ def train_cfg(cfg: dict):
     return _cfg
 
 
-def train_input(selection: str):
-    """A tuned cell waits for the LR selection; a grid cell (lr~x<m>) needs nothing."""
+LR_ROUND = "lr_rounds/round{round}.json"  # the LR grid's rounds (checkpoint async_pp_lr_round), in the results root
+
+
+def _round_doc(checkpoints, k: int) -> dict:
+    """Round k's document; raises Snakemake's IncompleteCheckpointException until that round has run (Snakemake
+    then re-evaluates the input function once it has)."""
+    path = checkpoints.async_pp_lr_round.get(round=str(k)).output[0]
+    with open(path) as f:
+        return json.load(f)
+
+
+def _grid_through(cfg: StudyConfig, root: str, checkpoints, k: int) -> list[str]:
+    """The grid runs of rounds 0..k: the configured grid, then each earlier round's extension."""
+    cells = plan.grid_cells(cfg)
+    for j in range(k):
+        cells += plan.grid_cells(cfg, _round_doc(checkpoints, j)["extension"])
+    return [c.metrics(root) for c in cells]
+
+
+def _last_round(checkpoints, bound: int) -> int:
+    """The first round that adds nothing. Each round adds at most one point past one edge per key and a side holds at
+    most lr_selection.max_extensions of them, so `bound` rounds always suffice."""
+    for k in range(bound + 1):
+        if not _round_doc(checkpoints, k)["extension"]:
+            return k
+    raise RuntimeError(f"the LR grid still extends after {bound} rounds (lr_select.extension_round)")
+
+
+def lr_round_input(cfg: StudyConfig, root: str, checkpoints):
+    """input function of the checkpoint async_pp_lr_round: the grid runs of rounds 0..round."""
 
     def _input(wildcards):
-        return [selection] if wildcards.lr == plan.TUNED else []
+        return _grid_through(cfg, root, checkpoints, int(wildcards.round))
+
+    return _input
+
+
+def lr_grid_input(cfg: StudyConfig, root: str, checkpoints):
+    """input function of the selection: every grid run of every round, and the last round's document."""
+
+    def _input(wildcards):
+        k = _last_round(checkpoints, 2 * cfg.lr_selection.max_extensions)
+        return {"metrics": _grid_through(cfg, root, checkpoints, k),
+                "last_round": f"{root}/{LR_ROUND.format(round=k)}"}
+
+    return _input
+
+
+def study_runs(cfg: StudyConfig, root: str, checkpoints):
+    """input function of the runs table and the aggregation: every cell of the plan and every grid run added by
+    an extension round."""
+    planned = plan.metrics(cfg, root)
+    grid = lr_grid_input(cfg, root, checkpoints)
+
+    def _input(wildcards):
+        return sorted(set(planned) | set(grid(wildcards)["metrics"]))
+
+    return _input
+
+
+DATA_FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")  # the async_pp_data rule's outputs
+
+
+def data_files(cfg: StudyConfig, root: str, always: bool = False) -> dict[str, str]:
+    """The prepared corpus a `file` corpus trains on ({name: path} under <root>/data), else nothing (the embedded
+    and FineWeb-Edu streams are built inside the run); `always`: the paths whatever the corpus (the data rule's
+    outputs)."""
+    if cfg.data.corpus != "file" and not always:
+        return {}
+    return {name.split(".")[0]: f"{root}/data/{name}" for name in DATA_FILES}
+
+
+def train_input(selection: str, data: dict[str, str]):
+    """Named inputs of a training cell: the LR selection (a tuned cell only; a grid cell lr~x<m> needs none) and the
+    prepared corpus's meta.json (a `file` corpus; the run checks every split against it)."""
+
+    def _input(wildcards):
+        out = {"selection": selection} if wildcards.lr == plan.TUNED else {}
+        return {**out, **({"data": data["meta"]} if data else {})}
 
     return _input
 
 
 def lr_arg(wildcards, input) -> str:
-    return f"--lr-selection {shlex.quote(str(input[0]))}" if wildcards.lr == plan.TUNED else ""
+    return f"--lr-selection {shlex.quote(str(input.selection))}" if wildcards.lr == plan.TUNED else ""
+
+
+def data_arg(wildcards, input) -> str:
+    """`--data <folder>` when the cell reads a prepared corpus."""
+    meta = getattr(input, "data", None)
+    return f"--data {shlex.quote(os.path.dirname(str(meta)))}" if meta else ""
 
 
 def run_dir(wildcards, output) -> str:

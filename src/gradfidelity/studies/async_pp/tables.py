@@ -1,8 +1,11 @@
 """runs.csv / curves.csv / the LR selection -> the paper tables of study B (CSV + Markdown, gradfidelity.tables).
 
-Every number of a row is over the row's paired seeds (pairing.py); the gap's interval is the one t interval of the
-project (`stats.intervals.t_interval`) at the registry's level of the claim it feeds, so a table and its claim show
-one interval for one number.
+The primary number is the effective compute fraction f = S*/T (compute_fraction.py): the share of its budget that
+the async run got out of it, read off the sync ladder of its own optimizer, momentum and head on the same seed.
+`lost_pct` = 100 (1 - f). The nats gap (async - sync at the same budget) stays beside it as a secondary column. Every
+number of a row is over the row's paired seeds (pairing.py); an interval is the project's one t interval
+(`stats.intervals.t_interval`) at the registry's level of the claim it feeds, so a table and its claim show one
+interval for one number. `gate` is the transient gate of the row's key at its budget (pairing.transient).
 """
 
 from __future__ import annotations
@@ -15,23 +18,18 @@ import pandas as pd
 from gradfidelity.claims.evidence import level_for
 from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.async_pp.lr_select import RULE
-from gradfidelity.studies.async_pp.pairing import (
-    Gaps,
-    Paired,
-    Spec,
-    ef_recovery,
-    extra_steps,
-    plateau_gate,
-    plateau_limit,
-)
-from gradfidelity.studies.async_pp.plan import TUNED, default_momentum
+from gradfidelity.studies.async_pp.pairing import Fractions, Gaps, Paired, Spec, ef_recovery, fractions, transient
 from gradfidelity.tables import write_table
 
-# "(analysis.py)" names the module these tables came from before the split (now pairing.plateau_gate): the tables'
-# text is kept byte for byte across the refactor; correct it with the next change that is allowed to move a table.
-GATE_NOTE = ("sync_plateau_delta = sync val loss at 90% of the steps minus at the end; plateau_limit = max(|gap|, "
-             "1% of the sync loss) / 4; plateau_gate = pass if |sync_plateau_delta| < plateau_limit, the gate of every "
-             "claim on this optimizer at this budget (analysis.py)")
+GATE_NOTE = ("gate = the transient gate of the row's optimizer at the row's budget T (pairing.transient): pass when "
+             "the t interval of f(2T) - f(T) over the paired seeds contains 0 (the delay's cost has stopped changing "
+             "with the budget) and the sync loss falls from T to 2T by more than 4 standard errors of the gap at T "
+             "(not saturated); else 'transient' and/or 'saturated', and every claim that reads the row is not "
+             "measured")
+F_NOTE = ("f = S*/T: S* = the sync budget whose final loss equals the async run's, interpolated linearly in "
+          "log(steps) between the ladder's budgets (each a full run with its own LR schedule) of the same optimizer, "
+          "momentum, head and seed; lost_pct = 100 (1 - f), the compute the delay costs; f_low/f_high: the t "
+          "interval over the paired seeds; nan when f lies outside the ladder on a seed (never extrapolated)")
 
 
 def _mean(x) -> float:
@@ -39,128 +37,184 @@ def _mean(x) -> float:
     return float(x.mean()) if len(x) and np.isfinite(x).all() else math.nan
 
 
-def _diverged_cell(p: Paired) -> str:
-    return "; ".join(f"seed {s}: {', '.join(why)}" for s, why in sorted(p.dropped.items())) or "none"
+def _ci(values, level: float) -> tuple[float, float]:
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2 or not np.isfinite(x).all():
+        return math.nan, math.nan
+    iv = t_interval(x, level)
+    return (math.nan if iv.low is None else iv.low), (math.nan if iv.high is None else iv.high)
 
 
-def _curve(curves: pd.DataFrame | None, g: Gaps, spec: Spec, seed: int):
-    if curves is None or curves.empty:
-        return [], []
-    c = curves[(curves.optimizer == spec.optimizer) & (curves.schedule == spec.schedule)
-               & (curves.mitigation == spec.mitigation) & (curves.depth == 1) & (curves.steps == g.steps)
-               & (curves.seed == seed) & np.isclose(curves.momentum, default_momentum(spec.optimizer))]
-    if "lr" in c.columns:
-        c = c[c["lr"] == TUNED]
-    if "head" in c.columns:
-        c = c[c["head"] == g.head]  # not c.head: DataFrame.head is a method
-    c = c.sort_values("step")
-    return c.step.to_numpy(), c.val_loss.to_numpy()
+def _diverged_cell(p: Paired, fr: Fractions | None = None) -> str:
+    parts = [f"seed {s}: {', '.join(why)}" for s, why in sorted(p.dropped.items())]
+    parts += [o.split(": ", 1)[1] for o in (fr.outside if fr else [])]
+    return "; ".join(parts) or "none"
 
 
-def _gap_row(p: Paired, sync: str, asyn: str, level: float) -> dict:
-    """sync, async, the gap with its t interval, and the sync plateau gate of one optimizer's paired cells."""
-    gap = p[asyn] - p[sync]
-    ci = t_interval(gap, level) if p.n else None
-    gates = plateau_gate(p, [("", sync, gap)])
-    return {"sync": _mean(p[sync]), "async_2bw": _mean(p[asyn]), "gap": _mean(gap),
-            "gap_low": math.nan if ci is None or ci.low is None else ci.low,
-            "gap_high": math.nan if ci is None or ci.high is None else ci.high,
-            "gap_pct_of_sync": _mean(100 * gap / p[sync]), "sync_plateau_delta": _mean(p.plateau[sync]),
-            "plateau_limit": plateau_limit(_mean(gap), _mean(p[sync])) if p.n else math.nan,
-            "plateau_gate": ("pass" if gates[0]["passed"] else "FAIL") if gates else "n/a"}
+def _f_cols(fr: Fractions, name: str, level: float) -> dict:
+    f = fr.f[name]
+    low, high = _ci(f, level)
+    return {"f": _mean(f), "f_low": low, "f_high": high, "lost_pct": _mean(100 * (1 - f))}
 
 
-def main_table(g: Gaps, curves: pd.DataFrame | None = None) -> pd.DataFrame:
-    rows = []
-    level = level_for("B1-abs")
+def _gate_cell(g: Gaps, opt: str, steps: int | None = None, momentum=None) -> str:
+    rec, info = transient(g, opt, momentum=momentum, steps=steps, level=level_for("B1"))
+    if rec["passed"]:
+        return "pass"
+    return info.get("reason") or rec["reason"].split(": ", 1)[-1]
+
+
+def main_table(g: Gaps) -> pd.DataFrame:
+    """Per optimizer of the main sweep at the main budget T: sync and async losses, the nats gap, f and the gate."""
+    rows, level = [], level_for("B1")
     for opt in g.cfg.sweeps.main.optimizers:
-        p = g.paired({"sync": Spec(opt), "2bw": Spec(opt, "2bw")})
-        row = _gap_row(p, "sync", "2bw", level)
-        extra = [extra_steps(*_curve(curves, g, Spec(opt), s), p["2bw"][i]) for i, s in enumerate(p.seeds)]
-        gate_cols = {k: row.pop(k) for k in ("sync_plateau_delta", "plateau_limit", "plateau_gate")}
-        rows.append({"optimizer": opt, **row, "extra_steps": _mean(extra),
-                     "extra_steps_pct": _mean(100 * np.asarray(extra, dtype=float) / g.steps), **gate_cols,
-                     "seeds": p.n, "diverged": _diverged_cell(p)})
+        fr = fractions(g, {"2bw": Spec(opt, "2bw")}, extra={"sync": Spec(opt)})
+        p = fr.p
+        gap = p["2bw"] - p["sync"]
+        gap_low, gap_high = _ci(gap, level)
+        rows.append({"optimizer": opt, "sync": _mean(p["sync"]), "async_2bw": _mean(p["2bw"]),
+                     **_f_cols(fr, "2bw", level), "gate": _gate_cell(g, opt), "gap": _mean(gap),
+                     "gap_low": gap_low, "gap_high": gap_high, "seeds": p.n, "diverged": _diverged_cell(p, fr)})
     return pd.DataFrame(rows)
 
 
-def length_table(g: Gaps) -> pd.DataFrame:
-    """The length sweep: per optimizer and budget (separate runs, each with its full LR schedule), the gap and
-    the sync plateau gate. It shows how the gap and the sync loss's end-of-run change scale with the budget."""
-    rows = []
-    sw = g.cfg.sweeps.length
+def _ladder_key_rows(g: Gaps, opt: str, momentum=None, label: str = "") -> list[dict]:
+    """One optimizer's ladder: per budget the sync loss and its fall per doubling from the budget below; where a 2bw
+    run exists at the budget, its f and the transient gate."""
+    ladder = g.cfg.sweeps.ladder.of(opt)
     tok = g.cfg.train.tokens_per_step
+    lad = g.paired({n: Spec(opt, momentum=momentum, steps=n) for n in ladder})
+    async_at = {g.steps, 2 * g.steps} | ({int(n) for n in g.cfg.sweeps.length.steps}
+                                         if opt in g.cfg.sweeps.length.optimizers and momentum is None else set())
+    rows = []
+    for i, n in enumerate(ladder):
+        row = {"optimizer": label or opt, "steps": n, "tokens": n * tok, "sync": _mean(lad[n])}
+        if i:
+            fall = (lad[ladder[i - 1]] - lad[n]) / math.log2(n / ladder[i - 1])
+            row["fall_per_doubling"] = _mean(fall)
+            row["fall_se"] = float(np.std(fall, ddof=1) / math.sqrt(len(fall))) if len(fall) > 1 else math.nan
+        if n in async_at:
+            fr = fractions(g, {"a": Spec(opt, "2bw", momentum=momentum, steps=n)},
+                           extra={"s": Spec(opt, momentum=momentum, steps=n)})
+            row.update({"async_2bw": _mean(fr.p["a"]), **_f_cols(fr, "a", level_for("B7")),
+                        "gap": _mean(fr.p["a"] - fr.p["s"])})
+            row["gate"] = (_gate_cell(g, opt, n, momentum) if 2 * n in async_at
+                           else f"n/a (no 2bw run at {2 * n} steps)")
+            row["seeds"], row["diverged"] = fr.n, _diverged_cell(fr.p, fr)
+        else:
+            row["seeds"], row["diverged"] = lad.n, _diverged_cell(lad)
+        rows.append(row)
+    return rows
+
+
+def length_table(g: Gaps) -> pd.DataFrame:
+    """Every optimizer's sync ladder (main and length sweeps, default momentum): does the sync loss still fall by a
+    clear margin per doubling, and what is f at each budget that has an async run."""
+    sw = g.cfg.sweeps
+    opts = list(dict.fromkeys([*sw.main.optimizers, *sw.length.optimizers]))
+    cols = ["optimizer", "steps", "tokens", "sync", "fall_per_doubling", "fall_se", "async_2bw", "f", "f_low",
+            "f_high", "lost_pct", "gap", "gate", "seeds", "diverged"]
+    return pd.DataFrame([r for o in opts for r in _ladder_key_rows(g, o)], columns=cols)
+
+
+def momentum_table(g: Gaps) -> pd.DataFrame:
+    """Per optimizer and momentum of the momentum sweep at T: f, the gate, the nats gap."""
+    rows, level = [], level_for("B4")
+    sw = g.cfg.sweeps.momentum
     for opt in sw.optimizers:
-        for steps in sorted(int(s) for s in sw.steps):
-            p = g.paired({"sync": Spec(opt, steps=steps), "2bw": Spec(opt, "2bw", steps=steps)})
-            rows.append({"optimizer": opt, "steps": steps, "tokens": steps * tok,
-                         **_gap_row(p, "sync", "2bw", level_for("B7")), "seeds": p.n, "diverged": _diverged_cell(p)})
+        for m in sw.momenta:
+            fr = fractions(g, {"2bw": Spec(opt, "2bw", momentum=m)}, extra={"sync": Spec(opt, momentum=m)})
+            rows.append({"optimizer": opt, "momentum": m, "sync": _mean(fr.p["sync"]), "async_2bw": _mean(fr.p["2bw"]),
+                         **_f_cols(fr, "2bw", level), "gate": _gate_cell(g, opt, momentum=m),
+                         "gap": _mean(fr.p["2bw"] - fr.p["sync"]), "seeds": fr.n,
+                         "diverged": _diverged_cell(fr.p, fr)})
     return pd.DataFrame(rows)
 
 
 def mitigations_table(g: Gaps) -> pd.DataFrame:
+    """Per optimizer: f of 2bw and of 2bw + each mitigation, the share of the lost compute each recovers, and the
+    nats gaps (secondary)."""
     rows = []
     sw = g.cfg.sweeps.mitigation
     for opt in sw.optimizers:
-        specs = {"sync": Spec(opt), "2bw": Spec(opt, "2bw")} | {m: Spec(opt, "2bw", m) for m in sw.mitigations}
-        p = g.paired(specs)
-        base = p["2bw"] - p["sync"]
-        row = {"optimizer": opt, "gap_2bw": _mean(base)}
+        asyncs = {"2bw": Spec(opt, "2bw")} | {m: Spec(opt, "2bw", m) for m in sw.mitigations}
+        fr = fractions(g, asyncs, extra={"sync": Spec(opt)})
+        p, lost = fr.p, fr.lost("2bw")
+        row = {"optimizer": opt, "f_2bw": _mean(fr.f["2bw"]), "lost_pct_2bw": _mean(100 * lost)}
         for mit in sw.mitigations:
-            gm = p[mit] - p["sync"]
-            row[f"gap_{mit}"] = _mean(gm)
-            row[f"ratio_{mit}"] = _mean(gm / base) if p.n and (base > 0).all() else math.nan
+            row[f"f_{mit}"] = _mean(fr.f[mit])
+            row[f"recovered_pct_{mit}"] = (_mean(100 * (fr.f[mit] - fr.f["2bw"]) / lost)
+                                           if p.n and (lost > 0).all() else math.nan)
+        row["gap_2bw"] = _mean(p["2bw"] - p["sync"])
+        for mit in sw.mitigations:
+            row[f"gap_{mit}"] = _mean(p[mit] - p["sync"])
         if "error_feedback" in sw.mitigations:
-            row["ef_recovery_pct"] = _mean(ef_recovery(p["sync"], p["2bw"], p["error_feedback"]))
-        rows.append({**row, "seeds": p.n, "diverged": _diverged_cell(p)})
+            row["ef_recovery_pct_nats"] = _mean(ef_recovery(p["sync"], p["2bw"], p["error_feedback"]))
+        rows.append({**row, "gate": _gate_cell(g, opt), "seeds": p.n, "diverged": _diverged_cell(p, fr)})
     return pd.DataFrame(rows)
 
 
-def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, curves: pd.DataFrame | None = None,
-                 length_csv: str | None = None) -> None:
+def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv: str | None = None,
+                 momentum_csv: str | None = None) -> None:
     n = len(g.seeds)
-    note = (f"scale {scale}, {n} seed(s) per cell, {g.steps} steps, embedded char corpus unless the config says "
-            "fineweb_edu; losses in nats per token")
+    corpus = g.cfg.data.corpus if g.cfg.data is not None else "see config"
+    note = (f"scale {scale}, {n} seed(s) per cell, main budget T = {g.steps} steps of "
+            f"{g.cfg.train.tokens_per_step} tokens, corpus {corpus}; losses in nats per token")
     paired = ("every number of a row is over the row's paired seeds (`seeds`): a seed on which one of the row's runs "
-              "diverged or is missing is left out of the whole row and named in `diverged`; nan = no seed left")
-    write_table(main_table(g, curves), main_csv,
-                title="Study B: final validation loss, sync vs one-step delay (2bw), at the LR chosen on sync",
-                notes=[note, paired, "gap = async - sync per seed, then the mean; gap_low/gap_high: its t interval "
-                       "over the paired seeds (registry level); gap_pct_of_sync = 100 gap / sync",
-                       "extra_steps = T - the step at which the sync run first reached the async run's final loss "
-                       "(interpolated on the validation curve): the gap as steps of sync training; nan if async "
-                       "ends below sync",
-                       GATE_NOTE])
+              "(its ladder included) diverged or is missing is left out of the whole row and named in `diverged`, "
+              "as is a seed whose f lies outside the ladder; nan = no seed left")
+    gap = ("gap = async - sync at the same budget per seed, then the mean (nats, secondary); gap_low/gap_high: its t "
+           "interval")
+    write_table(main_table(g), main_csv,
+                title="Study B: the one-step delay as lost compute, at the LR chosen on sync",
+                notes=[note, paired, F_NOTE, gap, GATE_NOTE])
     write_table(mitigations_table(g), mitig_csv, title="Study B: mitigations of the one-step delay",
-                notes=[note, paired, "ratio_<m> = mean over seeds of gap(2bw + m) / gap(2bw); < 1 means the "
-                       "mitigation helps; nan if the 2bw gap is <= 0 on a seed; EF recovery % = 100 (async - "
-                       "async_EF) / (async - sync) per seed, then the mean (nan if async <= sync on a seed)"])
+                notes=[note, paired, F_NOTE, "recovered_pct_<m> = 100 (f(2bw + m) - f(2bw)) / (1 - f(2bw)) per seed, "
+                       "then the mean: the share of the lost compute the mitigation wins back (nan if 2bw loses no "
+                       "compute on a seed); ef_recovery_pct_nats = 100 (async - async_EF) / (async - sync) in nats "
+                       "(secondary)", "gate: the transient gate of the optimizer's plain 2bw at T (the mitigations "
+                       "run at T only)", GATE_NOTE])
     if length_csv:
         write_table(length_table(g), length_csv,
-                    title="Study B: the one-step-delay gap and the sync plateau gate by training budget",
-                    notes=[f"scale {scale}, {n} seed(s) per cell; each budget is a separate run with its own full "
-                           "LR schedule (warmup, constant, linear decay over the last "
-                           f"{g.cfg.train.decay_frac:.0%}), at the LR chosen on sync at {g.steps} steps",
-                           paired, "gap = 2bw - sync per seed, then the mean, with its t interval (registry level "
-                           "of B7); B7 compares Muon's gap at the longest and the shortest budget", GATE_NOTE])
+                    title="Study B: the sync ladder (does the loss still fall?) and f by training budget",
+                    notes=[note, paired, "each budget is a separate run with its own full LR schedule (warmup, "
+                           f"constant, linear decay over the last {g.cfg.train.decay_frac:.0%}), at the LR chosen on "
+                           f"sync at {g.steps} steps; tokens = steps x tokens per step",
+                           "fall_per_doubling = (sync at the budget below - sync here) / log2(ratio of the budgets) "
+                           "per seed, then the mean; fall_se its standard error: a corpus in the paper's regime keeps "
+                           "this clearly above 0 at every budget (the embedded corpus of round 2 did not)",
+                           F_NOTE, GATE_NOTE + "; n/a where the ladder has no 2bw run at twice the budget",
+                           "B7 reads f at the longest length against f at the smallest length whose gate passes"])
+    if momentum_csv:
+        write_table(momentum_table(g), momentum_csv, title="Study B: lost compute by momentum (B4)",
+                    notes=[note, paired, "each momentum trains at its own LR (chosen on sync at that momentum) and "
+                           "AdamW's beta2 = (1 + beta1) / 2, so beta1 < sqrt(beta2) at every point", F_NOTE,
+                           GATE_NOTE])
 
 
 def lr_selection_table(doc: dict) -> pd.DataFrame:
-    """The selection document (lr_select.select): per optimizer the grid's final sync losses and the choice."""
+    """The selection document (lr_select.select): per optimizer and momentum the grid's final sync losses, the
+    points added past the configured grid, and the choice."""
     rows = []
-    for opt, s in doc["optimizers"].items():
-        row = {"optimizer": opt, "default_lr": s["default_lr"], "chosen_multiplier": s["multiplier"],
-               "chosen_lr": s["lr"], "at_grid_edge": s["at_grid_edge"]}
-        for r in s["grid"]:
+    for c in doc["choices"]:
+        row = {"optimizer": c["optimizer"], "momentum": c["momentum"], "default_lr": c["default_lr"],
+               "chosen_multiplier": c["multiplier"], "chosen_lr": c["lr"],
+               "extended": " ".join(f"x{m:g}" for m in c["extended"]) or "-", "bracketed": c["bracketed"]}
+        for r in c["grid"]:
             row[f"loss_x{r['multiplier']:g}"] = r["final_val_loss"]
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    losses = sorted((k for k in df.columns if k.startswith("loss_x")), key=lambda k: float(k[len("loss_x"):]))
+    return df[[k for k in df.columns if not k.startswith("loss_x")] + losses]
 
 
 def write_lr_selection(doc: dict, table_csv: str) -> None:
-    seeds = sorted({r["seed"] for s in doc["optimizers"].values() for r in s["grid"]})
+    seeds = sorted({r["seed"] for c in doc["choices"] for r in c["grid"]})
+    base = ", ".join(f"x{m:g}" for m in doc["base_multipliers"])
     write_table(lr_selection_table(doc), table_csv, title="Study B: learning-rate selection on the sync schedule",
                 notes=[f"scale {doc['scale']}; rule: {RULE}", f"selection seed(s) {seeds} (not evaluation seeds); "
-                       "loss_x<m> = final sync validation loss at m x the default LR, nan = diverged",
-                       "at_grid_edge: the choice is the smallest or largest multiplier (the grid may not "
-                       "bracket the optimum)"])
+                       "loss_x<m> = final sync validation loss at m x the default LR, nan = diverged, blank = not "
+                       "trained for this row",
+                       f"configured grid {base}; extended = points added 2x past a winning edge, round by round "
+                       "(Snakemake checkpoint async_pp_lr_round); bracketed = the choice has a grid point on both "
+                       "sides (False: it is still at an edge after lr_selection.max_extensions points)"])

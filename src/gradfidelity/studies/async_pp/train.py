@@ -7,8 +7,8 @@ history, so a killed and resumed run ends with the same numbers.
 
 The LR: `lr~x<m>` cells (the selection grid) train at m x the default LR (config.DEFAULTS); `lr~tuned` cells read the
 chosen LR from the selection file (lr_select.py). The head: `head~untied` unties the LM head from the embedding.
-Besides the evenly spaced evaluations the run evaluates at 90% of its steps: `plateau_delta` = val(0.9 T) - val(T),
-the sync plateau gate of the claims. The cell's wildcards go into the run's records (`Run(cell=...)`): the
+`epochs` = the share of the training split its batches draw (data.check_epochs refuses more than
+`data.max_epochs`). The cell's wildcards go into the run's records (`Run(cell=...)`): the
 aggregations read a run's identity there, never from its path.
 
 Settings (config `train`, `delay`; chosen before any result was seen): warmup-stable-decay LR with 10% warmup and a
@@ -28,14 +28,12 @@ import torch
 from gradfidelity.errors import UserError
 from gradfidelity.harness import Run
 from gradfidelity.studies.async_pp.config import DEFAULTS, DELAY_READERS, STUDY, StudyConfig
-from gradfidelity.studies.async_pp.data import build_stream
+from gradfidelity.studies.async_pp.data import build_stream, check_epochs
 from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, model_loss_fn
 from gradfidelity.studies.async_pp.lr_select import tuned_lr
 from gradfidelity.studies.async_pp.model import DTYPES, build_model, lm_loss, n_params, stage_of_params
 from gradfidelity.studies.async_pp.optimizers import build_optimizer, lr_factor, set_lr_factor
 from gradfidelity.studies.async_pp.plan import TUNED, Cell, lr_multiplier
-
-PLATEAU_FRAC = 0.1  # the plateau gate compares the sync loss at 90% and 100% of the steps
 
 
 def delay_spec(cfg: StudyConfig, cell: Cell) -> DelaySpec:
@@ -64,23 +62,20 @@ def cell_lr(cell: Cell, lr_selection: str | None) -> float:
     if cell.lr == TUNED:
         if not lr_selection:
             raise UserError(f"async_pp cell {cell.dir()}: lr~tuned needs the LR selection file (--lr-selection)")
-        return tuned_lr(lr_selection, cell.optimizer)
+        return tuned_lr(lr_selection, cell.optimizer, cell.momentum)
     return DEFAULTS[cell.optimizer]["lr"] * lr_multiplier(cell.lr)
 
 
 def eval_steps(steps: int, evals: int) -> list[int]:
-    """Steps (1-based, after the update) at which the run evaluates: evenly spaced, 90% and the last."""
+    """Steps (1-based, after the update) at which the run evaluates: evenly spaced and the last."""
     every = max(1, steps // evals)
-    return sorted({t for t in range(every, steps + 1, every)} | {plateau_step(steps), steps})
-
-
-def plateau_step(steps: int) -> int:
-    return max(1, round((1 - PLATEAU_FRAC) * steps))
+    return sorted({t for t in range(every, steps + 1, every)} | {steps})
 
 
 def run_cell(cfg: StudyConfig, cell: Cell, run_dir: str | Path, threads: int,
-             lr_selection: str | None = None) -> Path:
-    """Train `cell` in `run_dir` (metrics.json written last); `cfg` holds the sections rules.JOB_KEYS gives it."""
+             lr_selection: str | None = None, data_dir: str | Path | None = None) -> Path:
+    """Train `cell` in `run_dir` (metrics.json written last); `cfg` holds the sections rules.JOB_KEYS gives it;
+    `data_dir` is the prepared corpus of a `file` corpus (the async_pp_data rule's output)."""
     cfg.need("model", "data", "train")
     tc = cfg.train
     out = Path(run_dir)
@@ -93,7 +88,8 @@ def run_cell(cfg: StudyConfig, cell: Cell, run_dir: str | Path, threads: int,
               "lr": lr}
     with Run(out, study=STUDY, config=record, seed=cell.seed, threads=threads,
              checkpoint_every=tc.checkpoint_every, cell=cell.wildcards()) as run:
-        stream = build_stream(cfg.data, tc.seq_len, tc.batch_size, cell.seed)
+        stream = build_stream(cfg.data, tc.seq_len, tc.batch_size, cell.seed, data_dir)
+        epochs = check_epochs(stream, cell.steps, cfg.data.max_epochs)
         mcfg = replace(cfg.model, tie_embeddings=cell.head == "tied").with_vocab(stream.vocab_size)
         model = build_model(mcfg, seed=cell.seed, dtype=DTYPES[tc.dtype])
         opt = build_optimizer(cell.optimizer, list(model.named_parameters()), lr=lr,
@@ -124,10 +120,9 @@ def run_cell(cfg: StudyConfig, cell: Cell, run_dir: str | Path, threads: int,
         elapsed = time.perf_counter() - t0
         steps_done = cell.steps - start
         last = train_loss[-10:]
-        val_at = {int(st): v for st, _, v in curve}
         run.finish({"final_val_loss": curve[-1][2], "curve": curve, "n_params": n_params(model), "lr": lr,
-                    "plateau_delta": val_at[plateau_step(cell.steps)] - curve[-1][2],
-                    "tokens": cell.steps * tokens_per_step, "final_train_loss": sum(last) / len(last),
+                    "tokens": cell.steps * tokens_per_step, "epochs": epochs,
+                    "final_train_loss": sum(last) / len(last),
                     "max_delay": spec.max_delay},
                    timing={"step_s": elapsed / max(steps_done, 1),
                            "tokens_per_s": steps_done * tokens_per_step / max(elapsed, 1e-9)})
