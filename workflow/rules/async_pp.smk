@@ -103,7 +103,7 @@ checkpoint async_pp_lr_round:
 
 rule async_pp_select_lr:
     input:
-        unpack(_ap_rules.lr_grid_input(ASYNC_PP, ASYNC_PP_ROOT, checkpoints)),
+        _ap_rules.lr_grid_input(ASYNC_PP, ASYNC_PP_ROOT, checkpoints),
     output:
         selection=ASYNC_PP_SELECTION,
         table=f"{TABLES}/async_pp_lr_selection.csv",
@@ -120,7 +120,7 @@ rule async_pp_select_lr:
     resources:
         **rule_resources("async_pp_select_lr"),
     shell:
-        "{params.gf} async-pp-select-lr --metrics {input.metrics} --scale {params.scale} --base {params.base} "
+        "{params.gf} async-pp-select-lr --metrics {input} --scale {params.scale} --base {params.base} "
         "--out {output.selection} --table {output.table} > {log} 2>&1"
 
 

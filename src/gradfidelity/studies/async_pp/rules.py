@@ -99,12 +99,11 @@ def lr_round_input(cfg: StudyConfig, root: str, checkpoints):
 
 
 def lr_grid_input(cfg: StudyConfig, root: str, checkpoints):
-    """input function of the selection: every grid run of every round, and the last round's document."""
+    """input function of the selection: every grid run of every round (a plain list: until the rounds have run,
+    Snakemake stands the pending round's document in for it, and a dry run still formats the command)."""
 
     def _input(wildcards):
-        k = _last_round(checkpoints, 2 * cfg.lr_selection.max_extensions)
-        return {"metrics": _grid_through(cfg, root, checkpoints, k),
-                "last_round": f"{root}/{LR_ROUND.format(round=k)}"}
+        return _grid_through(cfg, root, checkpoints, _last_round(checkpoints, 2 * cfg.lr_selection.max_extensions))
 
     return _input
 
@@ -116,7 +115,7 @@ def study_runs(cfg: StudyConfig, root: str, checkpoints):
     grid = lr_grid_input(cfg, root, checkpoints)
 
     def _input(wildcards):
-        return sorted(set(planned) | set(grid(wildcards)["metrics"]))
+        return sorted(set(planned) | set(grid(wildcards)))
 
     return _input
 

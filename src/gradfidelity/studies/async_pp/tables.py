@@ -102,7 +102,7 @@ def _ladder_key_rows(g: Gaps, opt: str, momentum=None, label: str = "") -> list[
                            else f"n/a (no 2bw run at {2 * n} steps)")
             row["seeds"], row["diverged"] = fr.n, _diverged_cell(fr.p, fr)
         else:
-            row["seeds"], row["diverged"] = lad.n, _diverged_cell(lad)
+            row["gate"], row["seeds"], row["diverged"] = "-", lad.n, _diverged_cell(lad)
         rows.append(row)
     return rows
 
@@ -157,9 +157,9 @@ def mitigations_table(g: Gaps) -> pd.DataFrame:
 def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv: str | None = None,
                  momentum_csv: str | None = None) -> None:
     n = len(g.seeds)
-    corpus = g.cfg.data.corpus if g.cfg.data is not None else "see config"
     note = (f"scale {scale}, {n} seed(s) per cell, main budget T = {g.steps} steps of "
-            f"{g.cfg.train.tokens_per_step} tokens, corpus {corpus}; losses in nats per token")
+            f"{g.cfg.train.tokens_per_step} tokens (corpus: config/{scale}/async_pp.yaml, `data`); losses in nats "
+            "per token")
     paired = ("every number of a row is over the row's paired seeds (`seeds`): a seed on which one of the row's runs "
               "(its ladder included) diverged or is missing is left out of the whole row and named in `diverged`, "
               "as is a seed whose f lies outside the ladder; nan = no seed left")
