@@ -1,5 +1,6 @@
 """check-reference: the sample follows its fixed rule, and the comparison fails on any difference where it must."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -153,3 +154,19 @@ def test_a_missing_run_a_missing_metric_and_a_changed_status_are_mismatches():
     assert (no_metric.set_index("metric").loc["loss", "verdict"]) == "MISMATCH"
     diverged = compare(committed, _rows("AMD EPYC", None, status="diverged"), "AMD EPYC").set_index("metric")
     assert diverged.loc["status", "verdict"] == "MISMATCH" and diverged.loc["loss", "verdict"] == "MISMATCH"
+
+
+def test_a_study_whose_committed_evidence_predates_its_registry_rows_is_not_sampled(tmp_path):
+    """Study B's rows are at evidence version 2 (lost compute); evidence without a version (1) comes from round 2's
+    design, whose cells today's code does not rerun: check-reference says so instead of reporting mismatches."""
+    from gradfidelity.reference import stale_studies
+
+    claims = tmp_path / "results" / "cpu" / "claims"
+    claims.mkdir(parents=True)
+    (claims / "async_pp.json").write_text(json.dumps({"study": "async_pp", "scale": "cpu", "values": {}}))
+    (claims / "local.json").write_text(json.dumps({"study": "local", "scale": "cpu", "values": {}}))
+    got = stale_studies(tmp_path, ("async_pp", "local"))
+    assert list(got) == ["async_pp"] and "evidence version 1" in got["async_pp"] and "at 2" in got["async_pp"]
+    (claims / "async_pp.json").write_text(json.dumps({"study": "async_pp", "scale": "cpu", "evidence_version": 2,
+                                                      "values": {}}))
+    assert stale_studies(tmp_path, ("async_pp", "local")) == {}
