@@ -74,6 +74,13 @@ def _repeat(timing: list[dict], tokens: int) -> dict:
             "bubble_fraction": 1.0 - busy / (len(timing) * wall)}
 
 
+def _iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q3 - q1
+
+
 def summarize(res: dict, n_stages: int, n_micro: int, steps: int, repeats: int, tokens: int) -> dict:
     """Per-repeat ratios (2bw and sync alternate, so repeat r of each saw the same machine load), their median and
     spread, the exact bound for the batches used, and the reconciliation: per repeat the ratio is exactly
@@ -90,8 +97,7 @@ def summarize(res: dict, n_stages: int, n_micro: int, steps: int, repeats: int, 
                     for s, rs in runs.items()},
            "ratio_per_repeat": ratios, "ratio_median": statistics.median(ratios),
            "ratio_min": min(ratios), "ratio_max": max(ratios),
-           "ratio_iqr": (statistics.quantiles(ratios, n=4)[2] - statistics.quantiles(ratios, n=4)[0]
-                         if len(ratios) > 1 else 0.0),
+           "ratio_iqr": _iqr(ratios),
            "reconciliation": {"compute_factor_per_repeat": compute, "idle_factor_per_repeat": idle,
                               "explained": ("ratio = compute_factor x idle_factor per repeat: compute_factor = "
                                             "busy seconds of sync / of 2bw (the same work; > 1 means 2bw computed "

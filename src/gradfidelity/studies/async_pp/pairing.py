@@ -161,7 +161,7 @@ class Fractions:
 def fractions(g: Gaps, asyncs: dict[str, Spec], extra: dict[str, Spec] | None = None) -> Fractions:
     """f of every async cell in `asyncs` (its budget T = spec.steps or train.steps), on the seeds where it, every
     rung of its sync ladder (config sweeps.ladder) and every cell of `extra` finished."""
-    from gradfidelity.studies.async_pp.compute_fraction import effective_fraction
+    from gradfidelity.studies.async_pp.compute_fraction import BELOW, per_seed_fractions
 
     specs = dict(asyncs) | dict(extra or {})
     for name, a in asyncs.items():
@@ -172,16 +172,14 @@ def fractions(g: Gaps, asyncs: dict[str, Spec], extra: dict[str, Spec] | None = 
     for name, a in asyncs.items():
         T = a.steps or g.steps
         ladder = g.cfg.sweeps.ladder.of(a.optimizer)
-        vals = []
-        for i, seed in enumerate(p.seeds):
-            frac = effective_fraction(ladder, [p[f"{name}@sync{n}"][i] for n in ladder], float(p[name][i]), T)
+        sync = np.column_stack([p[f"{name}@sync{n}"] for n in ladder]) if p.n else np.empty((0, len(ladder)))
+        fracs = per_seed_fractions(ladder, sync, p[name], T)
+        for seed, frac in zip(p.seeds, fracs, strict=True):
             if not math.isfinite(frac.value):
-                side = "worse than" if frac.where == "below_sweep" else "better than"
-                edge = ladder[0] if frac.where == "below_sweep" else ladder[-1]
+                side, edge = ("worse than", ladder[0]) if frac.where == BELOW else ("better than", ladder[-1])
                 outside.append(f"{name}: seed {seed}: {a.label()} ends {side} sync at {edge} steps, the ladder's "
                                "end (f is not extrapolated)")
-            vals.append(frac.value)
-        f[name] = np.asarray(vals, dtype=float)
+        f[name] = np.asarray([frac.value for frac in fracs], dtype=float)
     return Fractions(p, f, outside)
 
 
