@@ -1,7 +1,8 @@
 """The sft_rl aggregate, tables and claim evidence A5-A9 on hand-made run directories: each claim where it holds,
-where it is false, with too few seeds, with a diverged run and with a failed `reference_learned` gate; tables that
-show diverged runs; an aggregation that reads each run's plan cell from its records, not its path; a table
-interval that is the claims' interval on the same values."""
+where it is false, with too few seeds, with a diverged run and with each failed gate (`reference_learned` against
+the base model, `rl_learns`, `arms_learned`); the counted-set score; A9's recipe gate; tables that show diverged
+runs and each arm's start, gain and budget; an aggregation that reads each run's plan cell from its records, not
+its path; a table interval that is the claims' interval on the same values."""
 
 import json
 import zlib
@@ -37,14 +38,22 @@ SCALE = "cpu"
 ROWS = {row["id"]: row for row in load_registry() if row["study"] == "sft_rl"}
 TASK = {"seed": 1234, "n_train": 64, "n_eval": 32, "n_pretrain": 30}
 
-# macro accuracy (points) of each run directory (variant, method); with these every claim A5-A9 holds
+# `id` accuracy (points) of each run directory (variant, method), and of long and ood unless `sets` says otherwise;
+# with these every claim A5-A9 holds and every gate passes (the base model, every arm's start but SFT-then-RL's, is
+# at BASE_ACC; the test task's constant answers are 21.9 id, 18.75 long, 25.0 ood)
 HOLDS = {
     ("fixed", "sft"): 60.0, ("ds_bug", "sft"): 50.0, ("agg_bug", "sft"): 57.0, ("both", "sft"): 45.0,
     ("fixed", "rl"): 30.0, ("fixed", "sft_then_rl"): 72.0, ("both", "sft_then_rl"): 55.0,
     ("fixed", "luffy"): 64.0, ("fixed", "srft"): 62.0, ("fixed", "relift"): 61.0, ("fixed", "hpt"): 63.0,
     ("fixed", "sft_then_rl_truncated"): 70.0, ("both", "sft_then_rl_truncated"): 50.0,
 }
+BASE_ACC = 40.0
 FLOPS = {"sft": 1e12, "sft_then_rl": 6e12, "sft_then_rl_truncated": 1.5e12}  # RL-stage methods: 5e12
+# (demonstration tokens, generated tokens) per run: sft_then_rl at the paper recipe's 1:4 (A9's FLOPs part)
+TOKENS = {"sft": (20_000, 0), "rl": (0, 80_000), "sft_then_rl": (20_000, 80_000),
+          "sft_then_rl_truncated": (20_000, 8_000)}  # mixed methods: (30_000, 80_000)
+REWARD = (0.1, 0.6)  # RL training reward of every RL-stage run, first -> last step (rising)
+LR = 3e-4
 # what makes each claim false (the rest of HOLDS unchanged)
 FALSE = {
     "A5": {("ds_bug", "sft"): 70.0},                                  # the optimizer bug raises SFT
@@ -53,9 +62,11 @@ FALSE = {
                                                                       # the optimizer bug hurts (signed: passes)
     "A7": {("fixed", "hpt"): 80.0},                                   # one mixed method beats SFT-then-RL
     "A8": {("both", "sft_then_rl"): 75.0},                            # no mixed method ahead under both bugs
+    "A8-mech": {("both", "sft_then_rl"): 80.0},                       # the lead grows under both bugs
     "A9": {("fixed", "sft_then_rl_truncated"): 55.0},                 # truncated run loses on accuracy
     "A9-one": {("fixed", "srft"): 80.0},                              # one mixed method beats the truncated run
 }
+RL_CLAIMS = ("A7", "A8", "A8-mech", "A9")
 
 
 def _noise(variant: str, method: str, seed: int) -> float:
@@ -67,14 +78,30 @@ def _cfg(seeds, methods=None) -> StudyConfig:
     return make_cfg({"seeds": list(seeds), "methods": methods or METHODS, "bug_stages": ["sft"], "task": TASK})
 
 
-def _accs(v: float) -> dict:
-    return {"acc_id": v, "acc_long": v, "acc_ood": v, "acc_macro": v, "nll_id": 1.0 - v / 100, "nll_macro": 1.0}
+def _accs(v: float, noise: float = 0.0, long: float | None = None, ood: float | None = None) -> dict:
+    a = {"acc_id": v + noise, "acc_long": (v if long is None else long) + noise,
+         "acc_ood": (v if ood is None else ood) + noise}
+    return {**a, "acc_macro": sum(a.values()) / 3, "nll_id": 1.0 - v / 100, "nll_macro": 1.0}
 
 
-def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE) -> list[str]:
+def _ramp(start: float, end: float, seed: int) -> list[float]:
+    """A 10-step history from `start` to about `end`, shifted and steepened per seed (a flat one stays flat)."""
+    return [start + 0.01 * seed + (end - start) * (1 + 0.1 * seed) * t for t in np.linspace(0, 1, 10)]
+
+
+def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE, sets=None, alias=None, reward=None,
+               tokens=None) -> list[str]:
     """Every planned run's metrics.json as the harness writes it, with its plan cell (the rule's wildcards and the
-    stage the runner ran); `diverged` = {(variant, method, seed)}."""
-    acc, flops = {**HOLDS, **(acc or {})}, {**FLOPS, **(flops or {})}
+    stage the runner ran), then the base model's; `diverged` = {(variant, method, seed)}; `sets`: {(variant, method)
+    or "*": {"long": x, "ood": y}}, the long and ood accuracy instead of the `id` one; `alias`: {(variant, method):
+    (variant, method)}, a run whose accuracies (noise included) are another run's; `reward`: {(variant, method):
+    (first, last)}; `tokens`: {method: (demo, gen)}."""
+    acc, flops, tokens = {**HOLDS, **(acc or {})}, {**FLOPS, **(flops or {})}, {**TOKENS, **(tokens or {})}
+    sets, alias, reward = sets or {}, alias or {}, reward or {}
+
+    def accs(key, noise_key, seed):
+        return _accs(acc[key], _noise(*noise_key, seed), **sets.get(key, sets.get("*", {})))
+
     paths = plan.planned_runs(cfg, str(root))
     for path in paths:
         variant, method, seed_dir = path.split("/")[-4:-1]
@@ -82,20 +109,31 @@ def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE) -> lis
         if (variant, method, seed) in diverged:
             rec = {"status": "diverged", "metrics": {"step": 3}}
         else:
-            m = {**_accs(acc[(variant, method)] + _noise(variant, method, seed)),
-                 "flops": flops.get(method, 5e12) * (1 + 0.01 * seed), "loss_history": [2.0, 1.0],
-                 "reward_history": [0.1, 0.2] if method != "sft" else None}
+            key = alias.get((variant, method), (variant, method))
+            demo, gen = tokens.get(method, (30_000, 80_000))
+            m = {**accs(key, key, seed), "flops": flops.get(method, 5e12) * (1 + 0.01 * seed),
+                 "demo_tokens": demo, "gen_tokens": gen, "loss_history": [2.0, 1.0], "reward_history": None}
+            if method != "sft":
+                m.update(lr=LR, reward_history=_ramp(*reward.get((variant, method), REWARD), seed),
+                         zero_adv_history=_ramp(0.5, 0.7, 0), loss_history=_ramp(1.0, 0.5, 0))
             if method == "sft_then_rl":
-                t = acc[(variant, "sft_then_rl_truncated")] + _noise(variant, "trunc", seed)
-                m["truncated"] = {**_accs(t), "flops": flops["sft_then_rl_truncated"] * (1 + 0.01 * seed),
-                                  "rl_steps": 1}
+                t = (variant, "sft_then_rl_truncated")
+                demo, gen = tokens["sft_then_rl_truncated"]
+                m["truncated"] = {**accs(t, (variant, "trunc"), seed), "demo_tokens": demo, "gen_tokens": gen,
+                                  "flops": flops["sft_then_rl_truncated"] * (1 + 0.01 * seed), "rl_steps": 4}
             rec = {"status": "ok", "metrics": m}
         wildcards = {"model": path.split("/")[-5], "variant": variant, "seed": str(seed)}
         cell = {"study": "sft_rl", **wildcards, "stage": "sft"} if method == "sft" else \
             {"study": "sft_rl", **wildcards, "method": method, "stage": "rl"}
         atomic_write_json(path, {**rec, "study": "sft_rl", "scale": scale, "seed": seed, "threads": 1,
                                  "cell": cell, "timing": {}})
-    return paths
+    bases = plan.base_runs(cfg, str(root))
+    for path, model in zip(bases, (m.name for m in cfg.models), strict=True):
+        m = _accs(BASE_ACC, 0.0, **sets.get("*", {}))
+        atomic_write_json(path, {"status": "ok", "metrics": m, "study": "sft_rl", "scale": scale, "seed": 0,
+                                 "threads": 1, "cell": {"study": "sft_rl", "model": model, "stage": "pretrain"},
+                                 "timing": {}})
+    return paths + bases
 
 
 def tables_of(tmp_path) -> dict:
@@ -110,9 +148,11 @@ def evidence(tmp_path, cfg, **kw) -> dict:
     df = agg.collect(cfg, load_run_records(paths, scale=SCALE))
     ev = claims_mod.claims(df, cfg, SCALE, tables_of(tmp_path), constant_baseline(cfg))
     assert ev["study"] == "sft_rl" and ev["scale"] == SCALE and set(ev["values"]) == set(ROWS)
-    for rec in ev["values"].values():
+    assert ev["evidence_version"] == claims_mod.EVIDENCE_VERSION == 2
+    for cid, rec in ev["values"].items():
         jsonschema.validate(rec, RECORD_SCHEMA)
-        assert rec["sources"] and [g["name"] for g in rec["gates"]] == [GATE]
+        want = [GATE] if cid in ("A5", "A6") else [GATE, claims_mod.RL_GATE, claims_mod.ARMS_GATE]
+        assert rec["sources"] and [g["name"] for g in rec["gates"]] == want, cid
     return ev["values"]
 
 
@@ -192,12 +232,14 @@ def test_diverged_mixed_run_with_enough_pairs_still_decides(tmp_path):
 
 
 @pytest.mark.parametrize("cid", sorted(ROWS))
-def test_reference_gate_fails_when_sft_learned_nothing(tmp_path_factory, cid):
-    # the constant-answer baseline of the `id` set is ~22 points here: fixed SFT at 25 is not 10 points above it
-    acc = {("fixed", "sft"): 25.0, ("ds_bug", "sft"): 15.0, ("agg_bug", "sft"): 20.0}
+def test_reference_gate_fails_when_sft_is_only_base_plus_5(tmp_path_factory, cid):
+    # fixed SFT 5 points above the base model (and far above every constant answer, which the round-2 gate read):
+    # not the 10 points `reference_learned` asks
+    acc = {("fixed", "sft"): BASE_ACC + 5, ("ds_bug", "sft"): BASE_ACC, ("agg_bug", "sft"): BASE_ACC + 2}
     values = evidence(tmp_path_factory.mktemp(f"gate{cid}"), _cfg([0, 1, 2]), acc=acc)
     v, why = verdict(values, cid)
-    assert v == NOT_MEASURED and f"gate failed: {GATE}" in why and "constant answer" in why
+    assert v == NOT_MEASURED and f"gate failed: {GATE}" in why and "base model's 40.0 + 10 = 50.0" in why
+    assert not values[cid]["gates"][0]["passed"]
 
 
 def test_constant_baseline_is_the_most_frequent_answer():
@@ -278,6 +320,8 @@ def test_missing_run_is_an_error(tmp_path):
     paths = write_runs(root, cfg)
     with pytest.raises(UserError, match="missing run"):
         agg.collect(cfg, load_run_records(paths[1:], scale=SCALE))
+    with pytest.raises(UserError, match="missing run: the m base model"):
+        agg.collect(cfg, load_run_records(paths[:-1], scale=SCALE))
 
 
 def test_aggregate_reads_stored_metadata_not_paths(tmp_path):
@@ -314,7 +358,9 @@ def test_tidy_csv_round_trip(tmp_path):
     assert list(back.columns) == list(agg.COLUMNS) and len(back) == len(df)
     for k in ("acc_macro", "nll_id", "flops"):
         np.testing.assert_array_equal(back[k].to_numpy(float), df[k].to_numpy(float))
-    assert back.loc[back.method == "rl", "reward_history"].iloc[0] == [0.1, 0.2]
+    assert back.loc[back.method == "rl", "reward_history"].iloc[0] == pytest.approx(_ramp(*REWARD, 0))
+    base = back[back.method == agg.BASE]
+    assert len(base) == 2 * 3 and set(base.run_variant) == {"shared"} and (base.flops == 0).all()
     assert (back.loc[(back.method == "hpt") & (back.seed == 1), "status"] == "diverged").all()
     assert set(back.loc[(back.variant == "both") & (back.method == "rl"), "run_variant"]) == {"fixed"}
     with pytest.raises(UserError, match="does not exist"):
@@ -387,3 +433,144 @@ def test_a8_holm_p_values_are_the_paired_t_tests(tmp_path):
 
 def test_a6_uses_absolute_effects(holds):
     assert holds["A6"]["estimate"] == pytest.approx(abs(60 - 57) - abs(60 - 50), abs=1.5)
+
+
+# ---------------------------------------------------------------- round 3 (issue 24): gates and the counted score
+RL_CASES = {  # each a run set on which RL does not learn
+    "changes_nothing": {"alias": {("fixed", "sft_then_rl"): ("fixed", "sft")},   # sft_then_rl == its SFT per seed
+                        "reward": {("fixed", "sft_then_rl"): (0.3, 0.3)}},      # and a flat reward
+    "reward_falls": {"reward": {("fixed", "sft_then_rl"): (0.6, 0.1)}},          # accuracy rises, reward falls
+    "acc_flat": {"alias": {("fixed", "sft_then_rl"): ("fixed", "sft")}},         # reward rises, accuracy flat
+}
+
+
+@pytest.mark.parametrize("case", sorted(RL_CASES))
+def test_rl_learns_fails_when_rl_does_not_learn(tmp_path, case):
+    values = evidence(tmp_path, _cfg([0, 1, 2]), **RL_CASES[case])
+    for cid in RL_CLAIMS:
+        v, why = verdict(values, cid)
+        assert v == NOT_MEASURED and f"gate failed: {claims_mod.RL_GATE}: RL does not learn at this scale" in why, cid
+        assert "acc_id" in why and "reward rise" in why, why
+    for cid in ("A5", "A6"):  # SFT claims do not read the RL stage
+        assert verdict(values, cid)[0] == REPRODUCED
+    reason = values["A7"]["gates"][1]["reason"]
+    if case != "reward_falls":
+        assert "acc_id +0.00 [+0.00, +0.00] (n=3)" in reason
+    if case == "reward_falls":
+        assert "reward rise (mean of the last fifth of the steps minus the first fifth) -0." in reason
+
+
+def test_rl_learns_passes_with_both_numbers(holds):
+    g = holds["A7"]["gates"][1]
+    assert g["name"] == claims_mod.RL_GATE and g["passed"] and g["reason"].startswith("RL learns: ")
+    assert "acc_id +12." in g["reason"] and "reward rise" in g["reason"]
+
+
+def test_mixed_arm_below_its_start_blocks_the_rl_claims(tmp_path):
+    values = evidence(tmp_path, _cfg([0, 1, 2]), acc={("fixed", "srft"): BASE_ACC - 5})
+    v, why = verdict(values, "A7")
+    assert v == NOT_MEASURED and f"gate failed: {claims_mod.ARMS_GATE}: arm did not learn: srft -" in why
+    assert "luffy" not in why.split("arm did not learn:")[1]  # only the arm that did not learn is named
+    assert values["A7"]["parts"]["vs_srft"]["low"] > 0  # what the claim would have said without the gate
+    assert all(verdict(values, cid)[0] == NOT_MEASURED for cid in RL_CLAIMS)
+    assert verdict(values, "A5")[0] == REPRODUCED
+
+
+def test_unconfigured_mixed_arm_does_not_count_for_arms_learned(tmp_path):
+    cfg = _cfg([0, 1, 2], methods=["sft", "sft_then_rl", "sft_then_rl_truncated", "luffy"])
+    values = evidence(tmp_path, cfg, acc={("fixed", "srft"): BASE_ACC - 5})
+    g = values["A7"]["gates"][2]
+    assert g["passed"] and "luffy" in g["reason"] and "srft" not in g["reason"]
+
+
+def test_score_counts_only_the_sets_above_their_constant_answer(tmp_path):
+    # long and ood at 10 points for every run: below their constant answers (18.75, 25.0), so the score is `id`;
+    # hpt scores 18 there, which puts it ahead of SFT-then-RL on the macro but behind on `id`
+    sets = {"*": {"long": 10.0, "ood": 10.0}, ("fixed", "hpt"): {"long": 18.0, "ood": 18.0}}
+    cfg = _cfg([0, 1, 2])
+    root = tmp_path / "results" / "sft_rl"
+    df = agg.collect(cfg, load_run_records(write_runs(root, cfg, sets=sets), scale=SCALE))
+    values = evidence(tmp_path, cfg, sets=sets)
+    for cid, rec in values.items():
+        assert "counted: id (fixed SFT 60.0 vs constant answer 21.9); not counted: long (fixed SFT 10.0 vs " \
+               "constant answer 18.8), ood (fixed SFT 10.0 vs constant answer 25.0)" in rec["detail"], cid
+    assert values["A5"]["estimate"] == pytest.approx(60.0 - 50.0, abs=1.0)
+    fixed = df[df.variant == "fixed"].set_index(["method", "seed"])
+    macro = (fixed.loc["sft_then_rl", "acc_macro"] - fixed.loc["hpt", "acc_macro"]).to_numpy()
+    assert (macro < 0).all()  # on the macro the claim would fail
+    hpt = values["A7"]["parts"]["vs_hpt"]
+    assert hpt["estimate"] == pytest.approx(72.0 - 63.0, abs=1.5) and hpt["low"] > 0
+    assert verdict(values, "A7")[0] == REPRODUCED  # decided on `id`
+
+
+def test_no_counted_set_is_not_measured(tmp_path):
+    sets = {"*": {"long": 10.0, "ood": 10.0}}
+    values = evidence(tmp_path, _cfg([0, 1, 2]), sets=sets, acc={("fixed", "sft"): 20.0})  # below 21.9 on id too
+    for cid, rec in values.items():
+        assert rec["estimate"] is None and "no eval set counted" in rec["detail"], cid
+
+
+def test_a8_mech_holds_when_the_lead_shrinks_and_not_when_it_grows(holds, tmp_path):
+    parts = holds["A8-mech"]["parts"]
+    assert set(parts) == {"vs_luffy", "vs_srft", "vs_relift", "vs_hpt"}
+    assert parts["vs_luffy"]["estimate"] == pytest.approx(72.0 - 55.0, abs=1.5)  # mixed runs shared: fixed = both
+    assert parts["vs_luffy"]["level"] == ROWS["A8-mech"]["level"]
+    grows = evidence(tmp_path, _cfg([0, 1, 2]), acc={("both", "sft_then_rl"): 80.0})
+    assert grows["A8-mech"]["parts"]["vs_luffy"]["estimate"] == pytest.approx(72.0 - 80.0, abs=1.5)
+    assert verdict(grows, "A8-mech")[0] == NOT_REPRODUCED
+
+
+def test_a8_mech_unconfigured_method_is_not_measured(tmp_path):
+    cfg = _cfg([0, 1, 2], methods=["sft", "sft_then_rl", "sft_then_rl_truncated", "luffy"])
+    values = evidence(tmp_path, cfg)
+    v, why = verdict(values, "A8-mech")
+    assert v == NOT_MEASURED and "part vs_srft: srft not in sft_rl.methods" in why
+    assert values["A8-mech"]["parts"]["vs_luffy"]["n"] == 3
+
+
+@pytest.mark.parametrize("ratio, measured", [(0.1, False), (0.6, False), (0.2, True), (0.45, True)])
+def test_a9_flops_part_needs_the_papers_token_ratio(tmp_path, ratio, measured):
+    gen = 80_000
+    values = evidence(tmp_path, _cfg([0, 1, 2]), tokens={"sft_then_rl": (ratio * gen, gen)})
+    v, why = verdict(values, "A9")
+    flops = values["A9"]["parts"]["flops"]
+    if measured:
+        assert v == REPRODUCED and flops["exact"] and f"token ratio {ratio:g} (fixed sft_then_rl" in flops["detail"]
+    else:
+        assert v == NOT_MEASURED and flops["estimate"] is None
+        assert f"part flops: not measured at this scale: demonstration:rollout token ratio {ratio:g} vs the paper " \
+               "recipe's 0.25" in why
+        assert values["A9"]["parts"]["accuracy"]["estimate"] is not None  # the accuracy part is kept
+
+
+def test_main_table_shows_each_arms_start_gain_and_budget(tmp_path):
+    cfg = _cfg([0, 1, 2])
+    df = agg.collect(cfg, load_run_records(write_runs(tmp_path / "results" / "sft_rl", cfg,
+                                                      diverged={("fixed", "hpt", 2)}), scale=SCALE))
+    t = tables_of(tmp_path)
+    write_tables(df, cfg, *t["main"], *t["ablation"])
+    table = pd.read_csv(t["main"][0], keep_default_na=False).set_index(["variant", "method"])
+    for col in ("start", "gain_id_ci95", "lr", "demo_tokens", "gen_tokens", "zero_adv", "PFLOPs"):
+        assert col in table.columns and col in t["main"][1].read_text(), col
+    assert {("fixed", "base"), ("both", "base")} <= set(table.index)
+    assert table.loc[("fixed", "base"), "start"] == "-" and table.loc[("fixed", "base"), "lr"] == "-"
+    assert table.loc[("fixed", "base"), "demo_tokens"] == "0"
+    assert table.loc[("fixed", "sft_then_rl"), "start"] == "sft" and table.loc[("fixed", "luffy"), "start"] == "base"
+    assert table.loc[("fixed", "luffy"), "lr"] == f"{LR:.3g}" and table.loc[("fixed", "sft"), "lr"] == "-"
+    assert table.loc[("fixed", "luffy"), "demo_tokens"] == "30,000"
+    assert table.loc[("fixed", "sft_then_rl"), "gen_tokens"] == "80,000"
+    assert table.loc[("fixed", "luffy"), "zero_adv"] == "0.51 -> 0.69"
+    assert table.loc[("fixed", "sft"), "zero_adv"] == "-"
+    # the gain is the paired interval of arm minus start on `id` over the seeds both finished
+    f = df[(df.variant == "fixed") & (df.status == "ok")].set_index(["method", "seed"]).acc_id
+    for method, start in (("sft_then_rl", "sft"), ("luffy", "base"), ("hpt", "base")):
+        d = (f.loc[method] - f.loc[start]).dropna()
+        rec = mean_ci(d, level_for("A7"))
+        assert table.loc[("fixed", method), "gain_id_ci95"] == \
+            f"{rec['estimate']:+.1f} [{rec['low']:.1f}, {rec['high']:.1f}]", method
+    assert table.loc[("fixed", "luffy"), "gain_id_ci95"].startswith("+24.")
+    one = _cfg([0])
+    df1 = agg.collect(one, load_run_records(write_runs(tmp_path / "one", one), scale=SCALE))
+    write_tables(df1, one, *t["main"], *t["ablation"])
+    table = pd.read_csv(t["main"][0], keep_default_na=False).set_index(["variant", "method"])
+    assert table.loc[("fixed", "luffy"), "gain_id_ci95"] == "n/a"  # one pair: no interval

@@ -10,7 +10,8 @@ tokens (the generation mask), D = demonstration characters + EOS (character toke
 - HPT adds one demonstration forward per prompt that no rollout solved (gate 0);
 - ReLIFT adds the popped buffer's demonstrations (capacity 1: the first failed prompt of the step, if any);
 - SFT trains on every demonstration fed (prompt + solution + EOS); SFT-then-RL adds its SFT run's FLOPs.
-FLOPs = 6 x params x train + 2 x params x gen.
+FLOPs = 6 x params x train + 2 x params x gen. Demonstration tokens (compute matching) are the part of train that is
+prompt + demonstration: all of SFT's, the demonstration rows above, and SFT's for SFT-then-RL.
 """
 
 import pytest
@@ -54,6 +55,7 @@ def test_sft_step_matches_hand_count(setup):
     assert len({len(q.prompt) + len(q.solution) for q in make_split(cfg.task, "train")}) == 1
     seq = len(p.prompt) + len(p.solution) + 1  # + EOS
     assert sft["train_tokens"] == cfg.sft.grad_accum * cfg.sft.micro_batch_size * seq
+    assert sft["demo_tokens"] == sft["train_tokens"]
     assert sft["flops"] == 6.0 * sft["n_params"] * sft["train_tokens"]
 
 
@@ -72,7 +74,7 @@ def _spy(monkeypatch) -> list[dict]:
     return seen
 
 
-def _hand_count(method: str, step: dict, tok) -> tuple[int, int]:
+def _hand_count(method: str, step: dict, tok) -> tuple[int, int, int]:
     rows = step["inputs"]
     comp = [int(m.sum()) for m in step["completion_mask"]]
     texts = [tok.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
@@ -84,20 +86,24 @@ def _hand_count(method: str, step: dict, tok) -> tuple[int, int]:
     rollouts = gen
     firsts = list(range(0, len(rows), G))
     if method in ("rl", "sft_then_rl"):
-        train = rollouts
+        train, demo = rollouts, 0
     elif method == "luffy":
         off = [i for i in range(len(rows)) if i % G == G - 1]
         train = rollouts - sum(comp[i] for i in off) + sum(D[i] for i in off)
+        demo = sum(P[i] + D[i] for i in off)
     elif method == "srft":
-        train = rollouts + sum(P[i] + D[i] for i in firsts)
+        demo = sum(P[i] + D[i] for i in firsts)
+        train = rollouts + demo
     elif method == "hpt":
-        train = rollouts + sum(P[i] + D[i] for k, i in enumerate(firsts) if solved[k] == 0)
+        demo = sum(P[i] + D[i] for k, i in enumerate(firsts) if solved[k] == 0)
+        train = rollouts + demo
     elif method == "relift":
         failed = [i for k, i in enumerate(firsts) if solved[k] == 0]
-        train = rollouts + (P[failed[0]] + D[failed[0]] if failed else 0)
+        demo = P[failed[0]] + D[failed[0]] if failed else 0
+        train = rollouts + demo
     else:
         raise AssertionError(method)
-    return train, gen
+    return train, gen, demo
 
 
 @pytest.mark.parametrize("method", ["rl", "sft_then_rl", "luffy", "srft", "hpt", "relift"])
@@ -107,8 +113,10 @@ def test_rl_step_matches_hand_count(setup, monkeypatch, method):
     init = root / ("sft" if method == "sft_then_rl" else "base")
     m = training.run_rl(cfg, "t", "fixed", method, 0, init, root / method)
     assert len(seen) == 1 and len(seen[0]["inputs"]) == PROMPTS * G
-    train, gen = _hand_count(method, seen[0], tok)
+    train, gen, demo = _hand_count(method, seen[0], tok)
     assert (m["train_tokens"], m["gen_tokens"]) == (train, gen)
+    assert m["demo_tokens"] == demo + (sft["demo_tokens"] if method == "sft_then_rl" else 0)
+    assert m["lr"] == cfg.rl.lr and len(m["zero_adv_history"]) == cfg.rl.steps
     upstream = sft["flops"] if method == "sft_then_rl" else 0.0
     p = m["n_params"]
     assert m["flops"] == pytest.approx(upstream + 6.0 * p * train + 2.0 * p * gen, rel=1e-12)

@@ -209,3 +209,30 @@ def test_leakage_check_can_fail():
         lo, hi = cfg.train_ops if i % 3 == 1 else cfg.pretrain_worked_ops
         old.append(task._random_problem(rng, rng.randint(lo, hi), "+-", cfg.modulus).prompt)
     assert set(old) & task.heldout_prompts(cfg)
+
+
+def test_rl_and_val_splits_are_disjoint_from_every_other_split():
+    """RL prompts of their own (round 3): none is an SFT prompt, an eval prompt or a val prompt; val is disjoint from
+    train and the eval sets, and the pretraining text skips it (it is the LR selection's held-out set)."""
+    from gradfidelity.studies.sft_rl import task
+
+    cfg = task_cfg(n_train=200, n_eval=40, n_rl=150, n_val=40, n_pretrain=600)
+    prompts = {s: {p.prompt for p in make_split(cfg, s)} for s in task.SPLITS}
+    assert len(prompts["rl"]) == 150 and len(prompts["val"]) == 40
+    for other in ("train", *EVAL_SETS, "val"):
+        assert not prompts["rl"] & prompts[other], other
+    for other in ("train", *EVAL_SETS):
+        assert not prompts["val"] & prompts[other], other
+    assert prompts["val"] <= task.heldout_prompts(cfg)
+    assert not prompts["val"] & {line["prompt"] for line in pretrain_corpus(cfg)}
+    # drawn like train / id: same operators and chain lengths
+    assert all(set(p) <= set("0123456789+-=") for s in ("rl", "val") for p in prompts[s])
+
+
+def test_unsized_rl_and_val_splits_leave_round_two_unchanged():
+    """n_rl = n_val = 0: no such split, and the eval sets and the pretraining text are exactly round 2's."""
+    cfg = task_cfg(n_train=200, n_eval=40, n_pretrain=600)
+    assert make_split(cfg, "rl") == [] and make_split(cfg, "val") == []
+    sized = task_cfg(n_train=200, n_eval=40, n_pretrain=600, n_rl=50, n_val=20)
+    for split in ("train", *EVAL_SETS):
+        assert make_split(cfg, split) == make_split(sized, split)

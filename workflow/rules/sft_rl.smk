@@ -4,6 +4,9 @@
 #   results/<scale>/sft_rl/<model>/<variant>/sft/seed<k>/       SFT; ds_bug/both run under {DS0189_ENV}
 #   results/<scale>/sft_rl/<model>/<variant>/<method>/seed<k>/  rl, sft_then_rl, luffy, srft, relift, hpt (GRPO-based)
 #   results/<scale>/sft_rl/<model>/alignment/seed0/              micro-batch gradient Gram matrices (read by ds_audit A3)
+#   results/<scale>/sft_rl/<model>/lr_grid/<method>/lr<lr>/seed<s>/  LR selection (selection seed s, lr_selection)
+# Order with lr_selection.lrs set: the grid (every RL-stage arm x lr, grown past a winning edge in rounds) ->
+# lr_selection.json -> every RL-stage run trains at its arm's chosen LR.
 # Checkpoints are shared through rule outputs: every SFT-then-RL reads its SFT run, every method the base model.
 # Plans, paths, constraints and each job's config keys come from the study's plan and rules modules.
 from gradfidelity.studies.sft_rl import plan as sft_rl_plan, rules as sft_rl_rules
@@ -16,13 +19,20 @@ SFT_RL_DIR = sft_rl_rules.patterns(SFT_RL_ROOT)
 SFT_RL_LAUNCH = sft_rl_rules.launcher(GF_PY, SFT_RL.ranks)
 SFT_RL_GPUS = sft_rl_rules.gpus(SFT_RL, SCALE)
 SFT_RL_RUNS = sft_rl_plan.planned_runs(SFT_RL, SFT_RL_ROOT)
+SFT_RL_BASE_RUNS = sft_rl_plan.base_runs(SFT_RL, SFT_RL_ROOT)
 SFT_RL_TABLES = sft_rl_plan.table_paths(TABLES)
 SFT_RL_FIGURES = sft_rl_plan.figure_paths(FIGURES)
+SFT_RL_SELECTION = sft_rl_plan.selection_path(SFT_RL_ROOT)
+SFT_RL_SELECTION_TABLE = sft_rl_plan.selection_table_paths(TABLES)
+SFT_RL_LRS = " ".join(f"{lr:g}" for lr in SFT_RL.lr_selection.lrs)
 
-# The runs table lists every run, the shared base models included (the aggregate reads the SFT and RL runs only).
-STUDY_RUNS["sft_rl"] = sft_rl_plan.base_runs(SFT_RL, SFT_RL_ROOT) + SFT_RL_RUNS
+# The runs table lists every run: the shared base models, the planned runs and the LR grid of every round (the
+# aggregate reads the base models and the planned runs).
+STUDY_RUNS["sft_rl"] = sft_rl_rules.study_runs(SFT_RL, SFT_RL_ROOT, checkpoints, SFT_RL_BASE_RUNS + SFT_RL_RUNS)
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/sft_rl.json")
 REPORT_TARGETS.extend(list(SFT_RL_TABLES.values()) + list(SFT_RL_FIGURES.values()))
+if SFT_RL.lr_selection.enabled:
+    REPORT_TARGETS.append(SFT_RL_SELECTION_TABLE["md"])
 
 
 rule sft_rl_base:
@@ -102,13 +112,14 @@ rule sft_rl_rl:
     wildcard_constraints:
         **sft_rl_rules.constraints("variant", "method", "seed"),
     input:
-        init=sft_rl_rules.rl_init(SFT_RL, SFT_RL_ROOT),
+        unpack(sft_rl_rules.rl_inputs(SFT_RL, SFT_RL_ROOT)),
     output:
         f"{SFT_RL_DIR['rl']}/metrics.json",
     params:
         gf=SFT_RL_LAUNCH,
         cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "rl"),
         env=sft_rl_rules.deepspeed_env(SFT_RL, DS0189_ENV, "rl"),
+        lr=sft_rl_rules.lr_option,
         cell=cell_json,
     log:
         f"{SFT_RL_ROOT}/logs/{{model}}_{{variant}}_{{method}}_seed{{seed}}.log",
@@ -121,13 +132,91 @@ rule sft_rl_rl:
         **rule_resources("sft_rl_rl", gpu=SFT_RL_GPUS),
     shell:
         "{params.env} {params.gf} sft-rl-rl --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
-        "--method {wildcards.method} --seed {wildcards.seed} --init $(dirname {input.init}) "
+        "--method {wildcards.method} --seed {wildcards.seed} --init $(dirname {input.init}) {params.lr} "
         "--run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
+
+
+rule sft_rl_grid:
+    # One LR-selection run: an RL-stage arm at one learning rate on the selection seed, fixed infrastructure.
+    wildcard_constraints:
+        **sft_rl_rules.constraints("method", "lr", "seed"),
+    input:
+        init=sft_rl_rules.grid_init(SFT_RL, SFT_RL_ROOT),
+    output:
+        f"{SFT_RL_DIR['grid']}/metrics.json",
+    params:
+        gf=SFT_RL_LAUNCH,
+        cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "rl"),
+        cell=cell_json,
+    log:
+        f"{SFT_RL_ROOT}/logs/{{model}}_lr_grid_{{method}}_lr{{lr}}_seed{{seed}}.log",
+    benchmark:
+        f"{SFT_RL_DIR['grid']}/benchmark.tsv"
+    conda:
+        CONDA_ENV
+    threads: SFT_RL.threads
+    resources:
+        **rule_resources("sft_rl_grid", gpu=SFT_RL_GPUS),
+    shell:
+        "{params.gf} sft-rl-rl --cfg {params.cfg} --model {wildcards.model} --variant fixed "
+        "--method {wildcards.method} --seed {wildcards.seed} --init $(dirname {input.init}) --lr {wildcards.lr} "
+        "--run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
+
+
+# The LR grid in rounds: round k reads the grid runs so far and lists the points round k+1 adds (`factor` past a
+# winning edge); Snakemake re-evaluates the DAG after each round (a checkpoint), and the selection waits for the
+# first round that adds nothing (lr_select.py).
+checkpoint sft_rl_lr_round:
+    input:
+        sft_rl_rules.lr_round_input(SFT_RL, SFT_RL_ROOT, checkpoints),
+    output:
+        f"{SFT_RL_ROOT}/{sft_rl_plan.LR_ROUND}",
+    wildcard_constraints:
+        **sft_rl_rules.constraints("round"),
+    params:
+        gf=GF,
+        scale=SCALE,
+        lrs=SFT_RL_LRS,
+        factor=SFT_RL.lr_selection.factor,
+        max_extensions=SFT_RL.lr_selection.max_extensions,
+    log:
+        f"{SFT_RL_ROOT}/logs/lr_round{{round}}.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        **rule_resources("sft_rl_lr_round"),
+    shell:
+        "{params.gf} sft-rl-lr-round --metrics {input} --scale {params.scale} --lrs {params.lrs} "
+        "--factor {params.factor} --max-extensions {params.max_extensions} --out {output} > {log} 2>&1"
+
+
+rule sft_rl_select_lr:
+    input:
+        sft_rl_rules.lr_grid_input(SFT_RL, SFT_RL_ROOT, checkpoints),
+    output:
+        selection=SFT_RL_SELECTION,
+        table=SFT_RL_SELECTION_TABLE["csv"],
+        table_md=report(SFT_RL_SELECTION_TABLE["md"], category="sft_rl"),
+    params:
+        gf=GF,
+        scale=SCALE,
+        lrs=SFT_RL_LRS,
+    log:
+        f"{SFT_RL_ROOT}/logs/select_lr.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        **rule_resources("sft_rl_select_lr"),
+    shell:
+        "{params.gf} sft-rl-select-lr --metrics {input} --scale {params.scale} --lrs {params.lrs} "
+        "--out {output.selection} --table {output.table} --table-md {output.table_md} > {log} 2>&1"
 
 
 rule sft_rl_aggregate:
     input:
-        SFT_RL_RUNS,
+        SFT_RL_BASE_RUNS + SFT_RL_RUNS,
     output:
         f"{SFT_RL_ROOT}/aggregate.csv",
     params:
@@ -215,6 +304,7 @@ rule sft_rl_claims:
 
 rule sft_rl:
     input:
+        list(SFT_RL_SELECTION_TABLE.values()) if SFT_RL.lr_selection.enabled else [],
         list(SFT_RL_TABLES.values()),
         list(SFT_RL_FIGURES.values()),
         f"{RESULTS}/claims/sft_rl.json",

@@ -18,9 +18,9 @@ round trains (`extension_round`), and the selection reads every round's runs (`s
 
 from __future__ import annotations
 
-import json
 import math
 
+from gradfidelity import lr_grid
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS
@@ -33,26 +33,16 @@ FACTOR = 2.0  # an extension's step past the winning edge
 
 
 def choose(grid: dict[float, float]) -> float:
-    """The selected multiplier from {multiplier: final sync val loss (nan = diverged)}."""
-    finite = {m: v for m, v in grid.items() if math.isfinite(v)}
-    if not finite:
-        raise UserError(f"async_pp LR selection: every grid point diverged ({sorted(grid)}); widen the grid")
-    best = min(finite.values())
-    return min(m for m, v in finite.items() if v == best)
+    """The selected multiplier from {multiplier: final sync val loss (nan = diverged)} (lr_grid.choose)."""
+    return lr_grid.choose(grid, higher_is_better=False, what="async_pp")
 
 
 def extension(grid: dict[float, float], factor: float = FACTOR) -> list[float]:
-    """The multipliers to add so that the chosen one is bracketed: none when the winner has a grid point on both
-    sides (a diverged neighbour counts: it is worse), else one point `factor` past the winning edge (issue 25: Adan,
-    Lion and MARS won at the top of round 2's grid, and Adan at 8x was 0.04 nats better than at 4x). Applied round
-    after round (each round's runs, then this again) until it returns nothing."""
-    best = choose(grid)
-    ms = sorted(grid)
-    if best == ms[-1]:
-        return [best * factor]
-    if best == ms[0]:
-        return [best / factor]
-    return []
+    """The multipliers to add so that the chosen one is bracketed (lr_grid.extension): none when the winner has a
+    grid point on both sides (a diverged neighbour counts: it is worse), else one point `factor` past the winning
+    edge (issue 25: Adan, Lion and MARS won at the top of round 2's grid, and Adan at 8x was 0.04 nats better than
+    at 4x). Applied round after round (each round's runs, then this again) until it returns nothing."""
+    return lr_grid.extension(grid, factor, higher_is_better=False, what="async_pp")
 
 
 def _read_grid(metrics_paths: list[str], scale: str) -> dict[tuple[str, float], list[dict]]:
@@ -75,11 +65,6 @@ def _read_grid(metrics_paths: list[str], scale: str) -> dict[tuple[str, float], 
             for k, v in sorted(by_key.items(), key=lambda kv: (OPTIMIZERS.index(kv[0][0]), kv[0][1]))}
 
 
-def _extended(mults: list[float], base: list[float]) -> tuple[list[float], list[float]]:
-    """The grid points added below and above the configured multipliers."""
-    return [m for m in mults if m < min(base)], [m for m in mults if m > max(base)]
-
-
 def extension_round(metrics_paths: list[str], scale: str, base: list[float], max_extensions: int) -> dict:
     """One round's document: the grid so far and the points the next round trains (`extension`: one per key whose
     winner sits at an edge, unless that side already holds `max_extensions` added points)."""
@@ -87,10 +72,8 @@ def extension_round(metrics_paths: list[str], scale: str, base: list[float], max
     ext = []
     for (opt, mom), rows in grid.items():
         losses = {r["multiplier"]: r["final_val_loss"] for r in rows}
-        below, above = _extended(list(losses), base)
-        for m in extension(losses, FACTOR):
-            if len(below if m < min(losses) else above) < max_extensions:
-                ext.append({"optimizer": opt, "momentum": mom, "multiplier": m})
+        for m in lr_grid.next_points(losses, base, FACTOR, max_extensions, higher_is_better=False, what="async_pp"):
+            ext.append({"optimizer": opt, "momentum": mom, "multiplier": m})
     return {"study": "async_pp", "scale": scale, "base_multipliers": list(base),
             "grid": [{"optimizer": o, "momentum": mom, "losses": {f"{r['multiplier']:g}": r["final_val_loss"]
                                                                   for r in rows}}
@@ -106,7 +89,7 @@ def select(metrics_paths: list[str], scale: str, base: list[float] | None = None
     for (opt, mom), rows in _read_grid(metrics_paths, scale).items():
         mult = choose({r["multiplier"]: r["final_val_loss"] for r in rows})
         mults = [r["multiplier"] for r in rows]
-        below, above = _extended(mults, base or mults)
+        below, above = lr_grid.added(mults, base or mults)
         edge = mult in (mults[0], mults[-1])
         choices.append({"optimizer": opt, "momentum": mom, "default_lr": DEFAULTS[opt]["lr"], "multiplier": mult,
                         "lr": DEFAULTS[opt]["lr"] * mult, "extended": below + above,
@@ -125,13 +108,6 @@ def write_selection(metrics_paths: list[str], scale: str, out_json: str, base: l
 
 def tuned_lr(selection_path: str, optimizer: str, momentum: float) -> float:
     """The chosen LR of `optimizer` at `momentum` from the selection file (what a `lr~tuned` cell trains at)."""
-    try:
-        doc = json.loads(open(selection_path).read())
-        for c in doc["choices"]:
-            if c["optimizer"] == optimizer and float(c["momentum"]) == float(momentum):
-                return float(c["lr"])
-    except FileNotFoundError:
-        raise UserError(f"async_pp: LR selection file {selection_path} is missing (run the LR grid first)") from None
-    except (KeyError, TypeError, ValueError, json.JSONDecodeError):
-        raise UserError(f"async_pp: {selection_path} is not an LR selection document (choices)") from None
-    raise UserError(f"async_pp: {selection_path} has no chosen LR for {optimizer!r} at momentum {momentum:g}")
+    return lr_grid.chosen_lr(selection_path, "async_pp",
+                             lambda c: c["optimizer"] == optimizer and float(c["momentum"]) == float(momentum),
+                             f"{optimizer!r} at momentum {momentum:g}")

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 
+from gradfidelity.lr_grid import GridRounds
 from gradfidelity.studies.async_pp import plan
 from gradfidelity.studies.async_pp.config import DELAY_READERS, StudyConfig
 
@@ -64,48 +65,22 @@ def train_cfg(cfg: dict):
 LR_ROUND = "lr_rounds/round{round}.json"  # the LR grid's rounds (checkpoint async_pp_lr_round), in the results root
 
 
-def _round_doc(checkpoints, k: int) -> dict:
-    """Round k's document; raises Snakemake's IncompleteCheckpointException until that round has run (Snakemake
-    then re-evaluates the input function once it has)."""
-    path = checkpoints.async_pp_lr_round.get(round=str(k)).output[0]
-    with open(path) as f:
-        return json.load(f)
-
-
-def _grid_through(cfg: StudyConfig, root: str, checkpoints, k: int) -> list[str]:
-    """The grid runs of rounds 0..k: the configured grid, then each earlier round's extension."""
-    cells = plan.grid_cells(cfg)
-    for j in range(k):
-        cells += plan.grid_cells(cfg, _round_doc(checkpoints, j)["extension"])
-    return [c.metrics(root) for c in cells]
-
-
-def _last_round(checkpoints, bound: int) -> int:
-    """The first round that adds nothing. Each round adds at most one point past one edge per key and a side holds at
-    most lr_selection.max_extensions of them, so `bound` rounds always suffice."""
-    for k in range(bound + 1):
-        if not _round_doc(checkpoints, k)["extension"]:
-            return k
-    raise RuntimeError(f"the LR grid still extends after {bound} rounds (lr_select.extension_round)")
+def _rounds(cfg: StudyConfig, root: str) -> GridRounds:
+    """The LR grid's rounds (checkpoint async_pp_lr_round): the configured grid, then each round's extension."""
+    def runs(points):
+        cells = plan.grid_cells(cfg) if points is None else plan.grid_cells(cfg, points)
+        return [c.metrics(root) for c in cells]
+    return GridRounds("async_pp_lr_round", runs, cfg.lr_selection.max_extensions)
 
 
 def lr_round_input(cfg: StudyConfig, root: str, checkpoints):
     """input function of the checkpoint async_pp_lr_round: the grid runs of rounds 0..round."""
-
-    def _input(wildcards):
-        return _grid_through(cfg, root, checkpoints, int(wildcards.round))
-
-    return _input
+    return _rounds(cfg, root).round_input(checkpoints)
 
 
 def lr_grid_input(cfg: StudyConfig, root: str, checkpoints):
-    """input function of the selection: every grid run of every round (a plain list: until the rounds have run,
-    Snakemake stands the pending round's document in for it, and a dry run still formats the command)."""
-
-    def _input(wildcards):
-        return _grid_through(cfg, root, checkpoints, _last_round(checkpoints, 2 * cfg.lr_selection.max_extensions))
-
-    return _input
+    """input function of the selection: every grid run of every round."""
+    return _rounds(cfg, root).grid_input(checkpoints)
 
 
 def study_runs(cfg: StudyConfig, root: str, checkpoints):

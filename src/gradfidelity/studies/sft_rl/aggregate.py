@@ -7,6 +7,9 @@ harness for ok and diverged runs alike), its status and metrics from metrics.jso
 table cell reads: the truncated SFT-then-RL reads the sft_then_rl run's `truncated` block, and a `both` cell none of
 whose stages runs on buggy infrastructure reads the fixed run (`run_variant` says which).
 
+The shared base model is a row too (method `base`, run_variant `shared`, one per table variant and seed, FLOPs 0):
+every arm's start is a row of the same CSV (plan.start_method), so a gain over the start is a paired difference.
+
 Diverged runs keep their rows (status "diverged", empty metric cells): the tables count them, the claims drop
 their pairs and say so.
 """
@@ -29,9 +32,20 @@ from gradfidelity.studies.sft_rl.task import EVAL_SETS
 
 ACC = [f"acc_{s}" for s in EVAL_SETS] + ["acc_macro"]
 NLL = ["nll_id", "nll_macro"]  # secondary endpoint: held-out teacher-forced NLL of the demonstrations (nats/token)
-HISTORIES = ("reward_history", "loss_history")  # lists, stored as JSON text in the CSV
-COLUMNS = ("model", "variant", "method", "seed", "run", "run_variant", "status", *ACC, *NLL, "flops", "rl_steps",
-           *HISTORIES)
+# lists, stored as JSON text in the CSV; zero_adv_history: per RL step, the fraction of GRPO groups whose rewards
+# are all equal (TRL's frac_reward_zero_std): those groups have zero advantage and teach nothing
+HISTORIES = ("reward_history", "loss_history", "zero_adv_history")
+# demo_tokens: tokens of expert demonstrations trained on (SFT batches, mixed-policy demonstration forwards; the
+# upstream SFT's for sft_then_rl); gen_tokens: tokens generated (prefill included); lr: the RL stage's learning rate
+COUNTS = ("flops", "demo_tokens", "gen_tokens")
+COLUMNS = ("model", "variant", "method", "seed", "run", "run_variant", "status", *ACC, *NLL, *COUNTS, "lr",
+           "rl_steps", *HISTORIES)
+BASE = "base"  # the method name of the shared base model's rows
+
+
+def _is_base(rec: dict) -> bool:
+    cell = cell_of(rec)
+    return cell["study"] == "sft_rl" and cell.get("stage") in ("pretrain", "base")
 
 
 def _identity(rec: dict) -> tuple[str, str, str, int]:
@@ -51,12 +65,16 @@ def _cell(rec: dict, method: str) -> dict:
         return {"status": rec["status"]}
     m = rec["metrics"]
     try:
-        if method == "sft_then_rl_truncated":
+        if method == BASE:
+            return {"status": "ok", **{k: float(m[k]) for k in ACC + NLL}, **{k: 0.0 for k in COUNTS}}
+        if method == "sft_then_rl_truncated":  # the first k steps of the sft_then_rl run
             t = m["truncated"]
-            return {"status": "ok", **{k: float(t[k]) for k in ACC + NLL}, "flops": float(t["flops"]),
-                    "rl_steps": t["rl_steps"]}
-        return {"status": "ok", **{k: float(m[k]) for k in ACC + NLL}, "flops": float(m["flops"]),
-                **{k: m.get(k) for k in HISTORIES}}
+            steps = int(t["rl_steps"])
+            return {"status": "ok", **{k: float(t[k]) for k in ACC + NLL + list(COUNTS)}, "lr": float(m["lr"]),
+                    "rl_steps": steps, **{h: m[h][:steps] for h in HISTORIES}}
+        rl = {"lr": float(m["lr"]), "zero_adv_history": m["zero_adv_history"]} if method != "sft" else {}
+        return {"status": "ok", **{k: float(m[k]) for k in ACC + NLL + list(COUNTS)},
+                **{k: m.get(k) for k in HISTORIES}, **rl}
     except KeyError as exc:
         raise UserError(f"{rec['path']}: metrics lack {exc} (needed by the {method} cell)") from None
 
@@ -65,16 +83,29 @@ def collect(cfg: StudyConfig, records: list[dict]) -> pd.DataFrame:
     """One row per (model, variant, method, seed) table cell; `records` as `load_run_records` returns them.
 
     Every cell must find its run among the records (a missing run is an error naming it), and no run may appear
-    twice."""
+    twice. The base models (stage pretrain or base) give the `base` rows."""
     runs: dict[tuple, dict] = {}
+    bases: dict[str, dict] = {}
     for rec in records:
+        if _is_base(rec):
+            model = cell_of(rec)["model"]
+            if model in bases:
+                raise UserError(f"{rec['path']} and {bases[model]['path']}: two base models of {model}")
+            bases[model] = rec
+            continue
         key = _identity(rec)
         if key in runs:
             raise UserError(f"{rec['path']} and {runs[key]['path']}: two runs of {'/'.join(map(str, key))}")
         runs[key] = rec
     rows = []
     for model in (m.name for m in cfg.models):
+        if model not in bases:
+            raise UserError(f"missing run: the {model} base model is not among the aggregated runs (every arm's "
+                            "start); rerun the sft_rl rules")
         for seed in cfg.seeds:
+            for variant in plan.table_variants(cfg):
+                rows.append({"model": model, "variant": variant, "method": BASE, "seed": int(seed),
+                             "run": bases[model]["run_dir"], "run_variant": "shared", **_cell(bases[model], BASE)})
             for variant, method in plan.table_cells(cfg):
                 run_variant, run_method = plan.cell_run(cfg, variant, method)
                 rec = runs.get((model, run_variant, run_method, int(seed)))
@@ -110,6 +141,15 @@ def read_aggregate(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def fifth_rise(history: list[float] | None) -> float:
+    """Mean of the last fifth of a per-step history minus the mean of its first fifth (nan without 5 steps):
+    did the training reward rise?"""
+    if not history or len(history) < 5:
+        return math.nan
+    k = len(history) // 5
+    return float(np.mean(history[-k:]) - np.mean(history[:k]))
+
+
 def summarise(df: pd.DataFrame) -> pd.DataFrame:
     """Mean and sd over the finished seeds per (model, variant, method), with the number of diverged seeds."""
     out = []
@@ -117,7 +157,7 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
         ok = g[g.status == "ok"]
         row = {"model": model, "variant": variant, "method": method, "n_seeds": len(g),
                "n_diverged": int((g.status != "ok").sum()), "run_variant": g.run_variant.iloc[0]}
-        for k in ACC + NLL + ["flops"]:
+        for k in ACC + NLL + list(COUNTS):
             vals = ok[k].astype(float).to_numpy() if len(ok) else np.array([])
             row[f"{k}_mean"] = float(vals.mean()) if len(vals) else math.nan
             row[f"{k}_sd"] = float(vals.std(ddof=1)) if len(vals) > 1 else math.nan

@@ -46,7 +46,23 @@ def _rl(args) -> int:
     from gradfidelity.studies.sft_rl.train import run_rl
 
     run_rl(_cfg(args, "rl"), args.model, args.variant, args.method, args.seed, Path(args.init), Path(args.run_dir),
-           cell=args.cell)
+           cell=args.cell, lr=args.lr, lr_selection=Path(args.lr_selection) if args.lr_selection else None)
+    return 0
+
+
+def _lr_round(args) -> int:
+    from gradfidelity.harness.io import atomic_write_json
+    from gradfidelity.studies.sft_rl.lr_select import extension_round
+
+    doc = extension_round(args.metrics, args.scale, args.lrs, args.factor, args.max_extensions)
+    atomic_write_json(Path(args.out), doc)
+    return 0
+
+
+def _select_lr(args) -> int:
+    from gradfidelity.studies.sft_rl.lr_select import write_selection
+
+    write_selection(args.metrics, args.scale, args.out, args.lrs, table_csv=args.table, table_md=args.table_md)
     return 0
 
 
@@ -121,8 +137,29 @@ def register(sub) -> None:
     p.add_argument("--method", required=True, choices=RL_STAGE)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--init", required=True, help="run directory of the starting model (base or SFT)")
+    lr = p.add_mutually_exclusive_group()
+    lr.add_argument("--lr", type=float, help="train at this learning rate (an LR-selection run)")
+    lr.add_argument("--lr-selection", help="lr_selection.json: train at the arm's chosen learning rate")
     add_run_args(p)
     p.set_defaults(func=_rl)
+
+    p = sub.add_parser("sft-rl-lr-round", help="sft_rl: one round of the LR grid (the points the next round adds)")
+    p.add_argument("--metrics", nargs="+", required=True, help="the grid runs' metrics.json so far")
+    p.add_argument("--scale", required=True)
+    p.add_argument("--lrs", nargs="+", type=float, required=True, help="the configured grid (lr_selection.lrs)")
+    p.add_argument("--factor", type=float, required=True)
+    p.add_argument("--max-extensions", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_lr_round)
+
+    p = sub.add_parser("sft-rl-select-lr", help="sft_rl: every RL-stage arm's chosen LR from the grid runs")
+    p.add_argument("--metrics", nargs="+", required=True, help="every grid run's metrics.json (all rounds)")
+    p.add_argument("--scale", required=True)
+    p.add_argument("--lrs", nargs="+", type=float, required=True)
+    p.add_argument("--out", required=True, help="lr_selection.json")
+    p.add_argument("--table", required=True, help="the selection table (csv)")
+    p.add_argument("--table-md", required=True)
+    p.set_defaults(func=_select_lr)
 
     p = sub.add_parser("sft-rl-alignment", help="sft_rl: Gram matrices of real SFT micro-batch gradients (for A3)")
     p.add_argument("--cfg", required=True)

@@ -55,6 +55,8 @@ class TaskConfig:
     long_ops: tuple[int, int]             # the `long` set
     n_pretrain: int                       # prompt -> completion lines of pretraining text
     pretrain_worked_ops: tuple[int, int]  # worked examples in the pretraining text are this short
+    n_rl: int                             # RL prompts of their own (0: RL reuses the train split)
+    n_val: int                            # the LR selection's held-out set (0: none)
 
     def __post_init__(self):
         for key in ("train_ops", "long_ops", "pretrain_worked_ops"):
@@ -124,6 +126,20 @@ class MixedConfig:
 
 
 @dataclass(frozen=True)
+class LRSelectionConfig:
+    """`lr_selection`: the RL-stage LR of every arm chosen by one rule on a selection seed (lr_select.py)."""
+
+    lrs: tuple[float, ...]
+    seed: int
+    factor: float
+    max_extensions: int
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.lrs)
+
+
+@dataclass(frozen=True)
 class DeepSpeedConfig:
     """`deepspeed`: the engine every training stage runs on (infra.ds_config turns it into DeepSpeed's JSON).
 
@@ -154,6 +170,7 @@ class StudyConfig:
     sft: SFTConfig | None
     rl: RLConfig | None
     mixed: MixedConfig | None
+    lr_selection: LRSelectionConfig | None
     deepspeed: DeepSpeedConfig | None
     data: DataConfig | None
     threads: int | None
@@ -165,6 +182,14 @@ class StudyConfig:
     def __post_init__(self):
         if self.models is not None and len({m.name for m in self.models}) != len(self.models):
             raise UserError("sft_rl.models: model names must be unique")
+        sel = self.lr_selection
+        if sel is not None and sel.enabled:
+            if self.seeds is not None and sel.seed in self.seeds:
+                raise UserError(f"sft_rl.lr_selection.seed: {sel.seed} is an evaluation seed (sft_rl.seeds); the "
+                                "LR is chosen on a seed of its own")
+            if self.task is not None and self.data is not None and self.data.source == "arithmetic" \
+                    and self.task.n_val == 0:
+                raise UserError("sft_rl.lr_selection.lrs: the selection scores val accuracy; set sft_rl.task.n_val")
 
     def model(self, name: str) -> ModelConfig:
         for m in self.models:

@@ -76,12 +76,16 @@ def demo_nll(model, tok, problems: list[Problem], batch_size: int) -> float:
 
 
 def evaluate_all(model, tok, cfg: StudyConfig) -> dict[str, float]:
-    """Exact-match accuracy per eval set (points) and the demonstrations' NLL per set (nats/token)."""
+    """Exact-match accuracy per eval set (points) and the demonstrations' NLL per set (nats/token); with a val set
+    (task.n_val > 0) also `acc_val`, the LR selection's score, which no table or claim reads."""
     check = checker(cfg)
     sets = eval_problems(cfg)
     out = accuracy_table({s: evaluate(model, tok, probs, cfg.eval_batch_size, check) for s, probs in sets.items()})
     nll = {f"nll_{s}": demo_nll(model, tok, probs, cfg.eval_batch_size) for s, probs in sets.items()}
     nll["nll_macro"] = sum(nll.values()) / len(nll)
+    if cfg.data.source == "arithmetic" and cfg.task.n_val > 0:
+        val = make_split(cfg.task, "val")
+        out["acc_val"] = 100.0 * sum(evaluate(model, tok, val, cfg.eval_batch_size, check)) / len(val)
     return {**out, **nll}
 
 

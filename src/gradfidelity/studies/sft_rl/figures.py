@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from gradfidelity.studies.sft_rl import plan
-from gradfidelity.studies.sft_rl.aggregate import summarise
+from gradfidelity.studies.sft_rl.aggregate import BASE, summarise
 from gradfidelity.studies.sft_rl.config import StudyConfig
 
 
@@ -26,6 +26,10 @@ def write_figures(df: pd.DataFrame, cfg: StudyConfig, score_vs_flops: Path, rewa
     for _, r in s.iterrows():
         if math.isnan(r.acc_macro_mean):
             continue
+        if r.method == BASE:  # no post-training FLOPs: the start every arm but SFT-then-RL is measured from
+            if r.variant == "fixed":
+                ax.axhline(r.acc_macro_mean, color="0.5", ls=":", lw=1, label="base model (start)")
+            continue
         filled = r.variant == "fixed"
         div = f", {r.n_diverged} diverged" if r.n_diverged else ""
         ax.errorbar(r.flops_mean, r.acc_macro_mean, yerr=0 if math.isnan(r.acc_macro_sd) else r.acc_macro_sd,
@@ -35,8 +39,9 @@ def write_figures(df: pd.DataFrame, cfg: StudyConfig, score_vs_flops: Path, rewa
     ax.legend(fontsize=6, ncol=2)
     style_axes(ax, f"score vs compute ({model})", "post-training FLOPs", "macro accuracy (points)")
     save_figure(fig, score_vs_flops,
-                caption="Filled: fixed infrastructure; hollow: both bugs. Mean ± sd over the seeds that finished "
-                        "(the legend counts diverged seeds; a cell with none finished is not drawn).")
+                caption="Filled: fixed infrastructure; hollow: both bugs; dotted: the base model. Mean ± sd over the "
+                        "seeds that finished (the legend counts diverged seeds; a cell with none finished is not "
+                        "drawn).")
 
     fig, axes = new_figure(ncols=2, width=4.5, height=3.4)
     ax_r, ax_l = axes[0]

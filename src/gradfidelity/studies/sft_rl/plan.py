@@ -8,6 +8,8 @@ Layout: results/sft_rl/<model>/base/seed0/                 the base model (one p
         results/sft_rl/<model>/<variant>/sft/seed<k>/      SFT on the variant's infrastructure
         results/sft_rl/<model>/<variant>/<method>/seed<k>/ an RL-stage method (GRPO or mixed-policy)
         results/sft_rl/<model>/alignment/seed0/            micro-batch gradient Gram matrices (read by ds_audit's A3)
+        results/sft_rl/<model>/lr_grid/<method>/lr<lr>/seed<s>/  an LR-selection run (selection seed s, fixed)
+        results/sft_rl/lr_rounds/round<k>.json              the LR grid's rounds; lr_selection.json the choices
 The truncated SFT-then-RL is read off the sft_then_rl run at its truncation step (constant LR, same RNG
 stream, so the first k steps of the long run are the k-step run).
 """
@@ -49,6 +51,46 @@ def run_dir(root: str, model: str, variant: str, method: str, seed: int | str) -
     return f"{root}/{model}/{variant}/{method}/seed{seed}"
 
 
+def grid_dir(root: str, model: str, method: str, lr: str, seed: int | str) -> str:
+    """An LR-selection run: `method` at learning rate `lr` (lr_select.lr_name) on the selection seed."""
+    return f"{root}/{model}/lr_grid/{method}/lr{lr}/seed{seed}"
+
+
+SELECTION = "lr_selection.json"          # under the results root: every arm's chosen LR (lr_select.py)
+LR_ROUND = "lr_rounds/round{round}.json"  # under the results root: the LR grid's rounds
+
+
+def selection_path(root: str) -> str:
+    return f"{root}/{SELECTION}"
+
+
+def tuned_methods(cfg: StudyConfig) -> list[str]:
+    """The RL-stage arms whose LR the selection chooses: every configured RL-stage method (the truncated SFT-then-RL
+    is the sft_then_rl run read early, so it needs sft_then_rl's)."""
+    wanted = set(cfg.methods) | ({"sft_then_rl"} if "sft_then_rl_truncated" in cfg.methods else set())
+    return [m for m in RL_STAGE if m in wanted]
+
+
+def grid_runs(cfg: StudyConfig, root: str, points: list[dict] | None = None) -> list[str]:
+    """metrics.json of the LR-selection runs: the configured grid (every model x tuned method x lr), or the
+    `points` an extension round lists ({"model", "method", "lr"})."""
+    from gradfidelity.studies.sft_rl.lr_select import lr_name
+
+    sel = cfg.lr_selection
+    if points is None:
+        points = [{"model": m.name, "method": meth, "lr": lr} for m in cfg.models for meth in tuned_methods(cfg)
+                  for lr in sel.lrs]
+    return [f"{grid_dir(root, p['model'], p['method'], lr_name(p['lr']), sel.seed)}/metrics.json" for p in points]
+
+
+def grid_init_dir(cfg: StudyConfig, root: str, model: str, method: str) -> str:
+    """Where an LR-selection run starts: as the arm does, on the selection seed (SFT-then-RL from the fixed SFT run of
+    the selection seed, every other arm from the base model)."""
+    if method == "sft_then_rl":
+        return run_dir(root, model, "fixed", "sft", cfg.lr_selection.seed)
+    return base_dir(root, model)
+
+
 def alignment_dir(root: str, model: str) -> str:
     return f"{root}/{model}/alignment/seed0"
 
@@ -73,6 +115,12 @@ def cell_run(cfg: StudyConfig, variant: str, method: str) -> tuple[str, str]:
     if method == "sft_then_rl_truncated":
         method = "sft_then_rl"
     return rl_run_variant(cfg, method, variant), method
+
+
+def start_method(method: str) -> str:
+    """The table row an arm starts from (same variant and seed): SFT-then-RL (and its truncation) from its SFT run,
+    every other arm (SFT, plain RL, the mixed-policy methods) from the shared base model (aggregate.BASE)."""
+    return "sft" if method in ("sft_then_rl", "sft_then_rl_truncated") else "base"
 
 
 def cell_dir(cfg: StudyConfig, root: str, model: str, variant: str, method: str, seed: int) -> str:
@@ -118,6 +166,11 @@ def table_paths(tables: str) -> dict[str, str]:
     """The study's paper tables under `tables` (paper_tables/<scale>), keyed like the CLI's arguments."""
     return {"main_csv": f"{tables}/sft_rl_main.csv", "main_md": f"{tables}/sft_rl_main.md",
             "abl_csv": f"{tables}/sft_rl_bug_ablation.csv", "abl_md": f"{tables}/sft_rl_bug_ablation.md"}
+
+
+def selection_table_paths(tables: str) -> dict[str, str]:
+    """The LR selection's table (lr_select.write_selection) under `tables`."""
+    return {"csv": f"{tables}/sft_rl_lr_selection.csv", "md": f"{tables}/sft_rl_lr_selection.md"}
 
 
 def figure_paths(figures: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from gradfidelity.lr_grid import GridRounds
 from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.config import StudyConfig
 
@@ -19,7 +20,7 @@ _COMMON = ("models", "task", "data", "threads", "checkpoint_every", "eval_batch_
 JOB_KEYS = {
     "pretrain": _COMMON + ("pretrain",),
     "sft": _COMMON + ("sft", "deepspeed", "bug_stages"),
-    "rl": _COMMON + ("rl", "mixed", "deepspeed", "bug_stages"),
+    "rl": _COMMON + ("rl", "mixed", "deepspeed", "bug_stages", "lr_selection"),
     "alignment": _COMMON + ("sft", "alignment_windows"),
     # The analysis jobs: which cells exist (aggregate), what the notes and the constant-answer row say (tables),
     # what is drawn (figures), the claims' models, methods and constant-answer gate (claims).
@@ -29,8 +30,9 @@ JOB_KEYS = {
     "claims": ("models", "methods", "task", "data"),
 }
 
-# Wildcard constraints of the training rules (a `base` or `alignment` directory never reads as a variant).
-CONSTRAINTS = {"variant": "|".join(plan.VARIANTS), "method": "|".join(plan.RL_STAGE), "seed": r"\d+"}
+# Wildcard constraints of the training rules (a `base`, `alignment` or `lr_grid` directory never reads as a variant).
+CONSTRAINTS = {"variant": "|".join(plan.VARIANTS), "method": "|".join(plan.RL_STAGE), "seed": r"\d+",
+               "lr": r"[0-9][0-9.e+-]*", "round": r"\d+"}
 
 
 def constraints(*names: str) -> dict[str, str]:
@@ -43,7 +45,8 @@ def patterns(root: str) -> dict[str, str]:
     return {"base": plan.base_dir(root, "{model}"),
             "sft": plan.run_dir(root, "{model}", "{variant}", "sft", "{seed}"),
             "rl": plan.run_dir(root, "{model}", "{variant}", "{method}", "{seed}"),
-            "alignment": plan.alignment_dir(root, "{model}")}
+            "alignment": plan.alignment_dir(root, "{model}"),
+            "grid": plan.grid_dir(root, "{model}", "{method}", "{lr}", "{seed}")}
 
 
 def job_section(section: dict, job: str) -> dict:
@@ -82,6 +85,59 @@ def rl_init(cfg: StudyConfig, root: str):
         d = plan.init_dir(cfg, root, wildcards.model, wildcards.variant, wildcards.method, int(wildcards.seed))
         return f"{d}/metrics.json"
     return init
+
+
+def rl_inputs(cfg: StudyConfig, root: str):
+    """input function of a tuned RL-stage job: its start and, when the config selects LRs, the selection file."""
+    init = rl_init(cfg, root)
+
+    def _input(wildcards) -> dict[str, str]:
+        extra = {"selection": plan.selection_path(root)} if cfg.lr_selection.enabled else {}
+        return {"init": init(wildcards), **extra}
+
+    return _input
+
+
+def grid_init(cfg: StudyConfig, root: str):
+    """input function of an LR-selection job: the metrics.json of the run it starts from."""
+    def init(wildcards) -> str:
+        return f"{plan.grid_init_dir(cfg, root, wildcards.model, wildcards.method)}/metrics.json"
+    return init
+
+
+def lr_option(wildcards, input) -> str:
+    """params function: `--lr-selection <file>` for a tuned job when the config selects LRs."""
+    return f"--lr-selection {input.selection}" if "selection" in input.keys() else ""
+
+
+def _rounds(cfg: StudyConfig, root: str) -> GridRounds:
+    """The LR grid's rounds (checkpoint sft_rl_lr_round): the configured grid, then each round's extension."""
+    return GridRounds("sft_rl_lr_round", lambda points: plan.grid_runs(cfg, root, points),
+                      cfg.lr_selection.max_extensions)
+
+
+def lr_round_input(cfg: StudyConfig, root: str, checkpoints):
+    """input function of the checkpoint sft_rl_lr_round: the grid runs of rounds 0..round."""
+    return _rounds(cfg, root).round_input(checkpoints)
+
+
+def lr_grid_input(cfg: StudyConfig, root: str, checkpoints):
+    """input function of the selection: every grid run of every round."""
+    return _rounds(cfg, root).grid_input(checkpoints)
+
+
+def study_runs(cfg: StudyConfig, root: str, checkpoints, planned: list[str]):
+    """input function of the runs table: the base models, every planned run and (with LR selection) every grid run
+    of every round and the SFT runs the grid starts from."""
+    if not cfg.lr_selection.enabled:
+        return lambda wildcards: list(planned)
+    grid = lr_grid_input(cfg, root, checkpoints)
+    starts = sorted({f"{plan.grid_init_dir(cfg, root, m.name, 'sft_then_rl')}/metrics.json" for m in cfg.models}
+                    ) if "sft_then_rl" in plan.tuned_methods(cfg) else []
+
+    def _input(wildcards):
+        return sorted(set(planned) | set(starts) | set(grid(wildcards)))
+    return _input
 
 
 # Files other studies' rules read (workflow/rules/common.smk: cross_study_input): name -> f(typed config, results root).

@@ -1,11 +1,15 @@
 """Tidy CSV -> the study's paper tables, at the paths the rule passes: the main table (every method under the fixed
-and the buggy infrastructure) and the bug ablation (SFT as each bug is fixed), each with the constant-answer row.
+and the buggy infrastructure, with the base model every arm but SFT-then-RL starts from) and the bug ablation (SFT
+as each bug is fixed), each with the constant-answer row.
 
 A cell gives the mean ± sd over the seeds that finished and says how many diverged ("diverged (k/n)" when none
 finished): diverged runs are never averaged away in silence. The main table adds the t interval of the mean macro
 accuracy over those seeds (`macro_ci95`), the interval a reader compares cells by: the project's one interval
-(`stats.intervals.t_interval`) at the registry's level of the claim the macro accuracy feeds (A7: 0.95), over the
-per-seed values of the tidy CSV, so the table and the claim show one interval for one number.
+(`stats.intervals.t_interval`) at the registry's level of the claims the accuracies feed (A7: 0.95), over the
+per-seed values of the tidy CSV, so the table and the claim show one interval for one number. Round 3 (issue 24)
+adds what says whether an arm learned at all: its start, its paired gain over that start on `id`, its RL learning
+rate, the demonstration and generated tokens it trained on, and the share of GRPO groups with zero advantage.
+All eval sets are shown, also those the claims do not count (claims.counted_sets).
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from gradfidelity.claims.evidence import level_for
 from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.sft_rl import plan
-from gradfidelity.studies.sft_rl.aggregate import ACC, summarise
+from gradfidelity.studies.sft_rl.aggregate import ACC, BASE, summarise
 from gradfidelity.studies.sft_rl.baseline import CONSTANT, GATE, GATE_MARGIN, constant_baseline
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import EVAL_SETS
@@ -45,47 +50,107 @@ def macro_intervals(df: pd.DataFrame, level: float) -> dict[tuple[str, str, str]
     return out
 
 
+def _fifths(history) -> tuple[float, float] | None:
+    """Mean of the first and of the last fifth of a per-step history (at least one step each); None without one."""
+    if not isinstance(history, list) or not history:
+        return None
+    k = max(1, len(history) // 5)
+    return float(np.mean(history[:k])), float(np.mean(history[-k:]))
+
+
+def arm_columns(df: pd.DataFrame, level: float) -> dict[tuple[str, str, str], dict[str, str]]:
+    """Per (model, variant, method) cell of the tidy CSV: its start (plan.start_method), the t interval at `level`
+    of its paired gain over the start on `id` (arm minus start, same variant and seed, the finished pairs), its RL
+    learning rate, mean demonstration and generated tokens, and the zero-advantage share from the first to the
+    last fifth of its RL steps (mean over seeds), formatted."""
+    out = {}
+    for (model, variant, method), g in df.groupby(["model", "variant", "method"], sort=False):
+        ok = g[g.status == "ok"]
+        row = {"start": "-", "gain_id_ci95": "-", "lr": "-", "zero_adv": "-"}
+        if method != BASE:
+            start = plan.start_method(method)
+            s = df[(df.model == model) & (df.variant == variant) & (df.method == start) & (df.status == "ok")]
+            pairs = ok.set_index("seed").acc_id.astype(float).sub(s.set_index("seed").acc_id.astype(float)).dropna()
+            iv = t_interval(pairs, level) if len(pairs) else None
+            row["start"] = start
+            row["gain_id_ci95"] = "n/a" if iv is None or iv.low is None else f"{iv.estimate:+.1f} {iv.fmt(1)}"
+        lrs = ok.lr.astype(float).dropna()
+        row["lr"] = f"{lrs.mean():.3g}" if len(lrs) else "-"
+        fifths = [f for f in map(_fifths, ok.zero_adv_history) if f is not None]
+        if fifths:
+            first, last = np.mean(fifths, axis=0)
+            row["zero_adv"] = f"{first:.2f} -> {last:.2f}"
+        for k in ("demo_tokens", "gen_tokens"):
+            x = ok[k].astype(float).dropna()
+            row[k] = f"{x.mean():,.0f}" if len(x) else f"diverged ({len(g) - len(ok)}/{len(g)})"
+        out[(model, variant, method)] = row
+    return out
+
+
 def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md: Path,
-               intervals: dict[tuple[str, str, str], str], level: float) -> pd.DataFrame:
-    """`intervals`: `macro_intervals` of the tidy CSV at `level`."""
+               intervals: dict[tuple[str, str, str], str], level: float,
+               arms: dict[tuple[str, str, str], dict[str, str]]) -> pd.DataFrame:
+    """`intervals`: `macro_intervals` of the tidy CSV at `level`; `arms`: its `arm_columns` at `level`."""
     s = summary[summary.variant.isin(plan.TABLE_VARIANTS)].copy()
-    order = {m: i for i, m in enumerate(cfg.methods)}
+    order = {BASE: -1, **{m: i for i, m in enumerate(cfg.methods)}}
     s = s.sort_values(["model", "variant", "method"], key=lambda c: c.map(order) if c.name == "method" else c)
     out = s[["model", "variant", "method", "n_seeds", "n_diverged", "run_variant"]].copy()
+    keys = list(zip(s.model, s.variant, s.method, strict=True))
+    out.insert(3, "start", [arms[k]["start"] for k in keys])
     for k in ACC:
         out[k.replace("acc_", "")] = [_fmt(a, b, n, d) for a, b, n, d in
                                      zip(s[f"{k}_mean"], s[f"{k}_sd"], s.n_seeds, s.n_diverged, strict=True)]
-    out["macro_ci95"] = [intervals[key] for key in zip(s.model, s.variant, s.method, strict=True)]
+    out["macro_ci95"] = [intervals[key] for key in keys]
+    for col in ("gain_id_ci95", "lr"):
+        out[col] = [arms[k][col] for k in keys]
     out["nll_id"] = [_fmt(a, b, n, d, 3) for a, b, n, d in
                     zip(s["nll_id_mean"], s["nll_id_sd"], s.n_seeds, s.n_diverged, strict=True)]
     out["PFLOPs"] = [f"diverged ({d}/{n})" if d >= n else f"{x / 1e15:.4g}"
                     for x, n, d in zip(s["flops_mean"], s.n_seeds, s.n_diverged, strict=True)]
+    for col in ("demo_tokens", "gen_tokens", "zero_adv"):
+        out[col] = [arms[k][col] for k in keys]
     out = out.astype({"n_seeds": object, "n_diverged": object})
     if "error" in baseline:
         base_note = f"constant_answer: not computed ({baseline['error']})."
     else:
-        const = [{"model": "(any)", "variant": "-", "method": CONSTANT, "n_seeds": "-", "n_diverged": "-",
-                  "run_variant": "-", **{x: f"{baseline['sets'][x]['acc']:.1f}" for x in EVAL_SETS},
-                  "macro": f"{baseline['acc_macro']:.1f}", "macro_ci95": "-", "nll_id": "-", "PFLOPs": "0"}]
+        const = [{"model": "(any)", "variant": "-", "method": CONSTANT, "start": "-", "n_seeds": "-",
+                  "n_diverged": "-", "run_variant": "-", **{x: f"{baseline['sets'][x]['acc']:.1f}" for x in EVAL_SETS},
+                  "macro": f"{baseline['acc_macro']:.1f}", "macro_ci95": "-", "gain_id_ci95": "-", "lr": "-",
+                  "nll_id": "-", "PFLOPs": "0", "demo_tokens": "-", "gen_tokens": "-", "zero_adv": "-"}]
         out = pd.concat([out, pd.DataFrame(const)], ignore_index=True)
         answers = ", ".join(f"{x} '{baseline['sets'][x]['answer']}'" for x in EVAL_SETS)
         base_note = (f"constant_answer: always the most frequent answer of each eval set ({answers}), the best any "
-                     f"constant predictor can score; every claim is gated on fixed SFT reaching the `id` value + "
-                     f"{GATE_MARGIN:g} points (`{GATE}`).")
+                     "constant predictor can score; the claims count an eval set only where fixed SFT beats this "
+                     "value (all sets are shown here).")
     notes = [
         "Accuracy in points (exact match, greedy decoding), mean ± sd over the seeds that finished; a cell with "
         "diverged seeds says how many ('diverged (k/n)' when none finished); macro = mean of id, long, ood; "
         f"macro_ci95: the {level * 100:g}% t interval of the mean macro accuracy over the finished seeds (the "
         "claims pair seeds across cells, so their intervals are narrower than two of these side by side suggest).",
+        f"base: the shared base model every arm but SFT-then-RL starts from (one run, repeated per variant and seed "
+        f"so that gains pair by seed; FLOPs and tokens 0); every claim is gated on fixed SFT reaching the base "
+        f"model's `id` accuracy + {GATE_MARGIN:g} points (`{GATE}`).",
+        "start: the row an arm starts from (same variant and seed): sft for SFT-then-RL and its truncation, base for "
+        f"every other arm. gain_id_ci95: the arm's `id` accuracy minus its start's, paired over the seeds both "
+        f"finished, mean and {level * 100:g}% t interval ('n/a' with fewer than two pairs): did the arm learn at "
+        "all? (The claims gate on it: SFT-then-RL must beat its SFT, each mixed arm its base.)",
+        "lr: the RL stage's learning rate (mean over the finished seeds; '-' for SFT and base).",
         "nll_id: the secondary endpoint, teacher-forced NLL (nats/token) of the held-out `id` demonstrations "
         "(solution + EOS given the prompt), mean ± sd over seeds: no sampling, so far less noisy than accuracy.",
         "`fixed`: deepspeed 0.19.8 + global token mean; `both`: deepspeed 0.18.9 (CPU-offload accumulation bug) + "
         "per-micro-batch token mean, applied to the stages in `bug_stages` "
         f"({', '.join(cfg.bug_stages)}); run_variant says which runs a cell reads (a cell whose stages all run "
-        "fixed under `both` shares the fixed run).",
+        "fixed under `both` shares the fixed run; `shared`: the one base model).",
         "PFLOPs: post-training compute, training 6 x params x tokens + generation 2 x params x tokens, each "
         "sequence counted once per forward it really gets (a demonstration once per prompt, every generated rollout "
         "including LUFFY's replaced one), SFT included for SFT-then-RL; the shared pretraining is not counted.",
+        "demo_tokens: tokens of expert demonstrations trained on (SFT batches, the mixed methods' demonstration "
+        "forwards; SFT-then-RL counts its SFT stage's); gen_tokens: tokens generated in rollouts (prefill "
+        "included); both means over the finished seeds. Their ratio is the budget's recipe (the paper's is about "
+        "1:4, A9).",
+        "zero_adv: the share of GRPO groups whose rollouts all got the same reward (zero advantage: they teach "
+        "nothing), mean of the first fifth of the RL steps -> mean of the last fifth, averaged over seeds; '-' "
+        "without RL steps.",
         f"sft_then_rl_truncated: the sft_then_rl run evaluated after {cfg.truncated_steps} of {cfg.rl.steps} RL "
         "steps (the paper's 50-step fraction).",
         base_note,
@@ -130,6 +195,6 @@ def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv:
 def write_tables(df: pd.DataFrame, cfg: StudyConfig, main_csv: Path, main_md: Path, abl_csv: Path,
                  abl_md: Path) -> None:
     summary, baseline = summarise(df), constant_baseline(cfg)
-    level = level_for("A7")  # the claim the macro accuracy feeds: its interval is the table's
-    main_table(summary, cfg, baseline, main_csv, main_md, macro_intervals(df, level), level)
+    level = level_for("A7")  # the claim the accuracies feed: its interval is the table's
+    main_table(summary, cfg, baseline, main_csv, main_md, macro_intervals(df, level), level, arm_columns(df, level))
     ablation_table(summary, cfg, baseline, abl_csv, abl_md)

@@ -15,8 +15,14 @@ Evaluation sets (the benchmark stand-ins):
     ood   chains that contain '*', an operator that never appears in SFT or RL prompts; the base model saw
           single '*' facts during pretraining only                     (out of distribution)
 
+Two more splits (round 3), both off unless sized:
+    rl    RL prompts of their own (`task.n_rl`), drawn like train: disjoint from train, every eval set and val, so
+          the RL stage is not rewarded on prompts SFT has already memorised (round 2's RL reused the SFT prompts,
+          and with a mean reward of 0.75 over 4 rollouts a third of its GRPO groups had zero advantage)
+    val   the LR selection's held-out set (`task.n_val`), drawn like id: disjoint from train and every eval set
+
 Every set is generated from its own seed stream; eval problems that also occur in the train split are dropped,
-and the pretraining corpus skips every evaluation prompt, so no evaluation problem
+and the pretraining corpus skips every evaluation and val prompt, so no evaluation problem
 or its solution appears in pretraining, SFT or RL data (tests/sft_rl/test_task.py checks it for every scale's
 config). Round 1's corpus did not skip them: its short worked chains solved 16% of the cpu `id` set.
 """
@@ -33,7 +39,9 @@ OPS = {"+": lambda a, b, m: (a + b) % m, "-": lambda a, b, m: (a - b) % m, "*": 
 ANSWER_MARK = "#"
 EVAL_SETS = ("id", "long", "ood")
 # Different fixed offsets per split: the same task seed never produces the same stream for two splits.
-_SPLIT_OFFSET = {"train": 0, "id": 1_000_003, "long": 2_000_003, "ood": 3_000_017, "pretrain": 4_000_037}
+_SPLIT_OFFSET = {"train": 0, "id": 1_000_003, "long": 2_000_003, "ood": 3_000_017, "pretrain": 4_000_037,
+                 "rl": 5_000_011, "val": 6_000_029}
+SPLITS = ("train", *EVAL_SETS, "val", "rl")
 
 
 @dataclass(frozen=True)
@@ -63,20 +71,36 @@ def _random_problem(rng: random.Random, n_ops: int, ops: str, modulus: int, need
 
 
 def _split_spec(cfg: TaskConfig, split: str) -> tuple[tuple[int, int], str, str | None, int]:
-    if split in ("train", "id"):
-        return cfg.train_ops, "+-", None, cfg.n_train if split == "train" else cfg.n_eval
+    if split in ("train", "id", "val", "rl"):
+        n = {"train": cfg.n_train, "id": cfg.n_eval, "val": cfg.n_val, "rl": cfg.n_rl}[split]
+        return cfg.train_ops, "+-", None, n
     if split == "long":
         return cfg.long_ops, "+-", None, cfg.n_eval
     if split == "ood":
         return cfg.train_ops, "+-*", "*", cfg.n_eval
-    raise UserError(f"unknown split {split!r}; expected train or one of {EVAL_SETS}")
+    raise UserError(f"unknown split {split!r}; expected one of {SPLITS}")
+
+
+def _excluded(cfg: TaskConfig, split: str) -> set[str]:
+    """Prompts a split may not hold: eval sets exclude train (unchanged since round 2, so the sets stay the same);
+    val excludes train and the eval sets; rl excludes all of them."""
+    if split == "train":
+        return set()
+    out = {p.prompt for p in make_split(cfg, "train")}
+    if split in ("val", "rl"):
+        out |= {p.prompt for s in EVAL_SETS for p in make_split(cfg, s)}
+    if split == "rl":
+        out |= {p.prompt for p in make_split(cfg, "val")}
+    return out
 
 
 def make_split(cfg: TaskConfig, split: str) -> list[Problem]:
     """Deterministic problems of one split (same cfg -> same list, in the same order, on every machine)."""
     (lo, hi), ops, need, n = _split_spec(cfg, split)
+    if n == 0:
+        return []
     rng = random.Random(cfg.seed + _SPLIT_OFFSET[split])
-    exclude = set() if split == "train" else {p.prompt for p in make_split(cfg, "train")}
+    exclude = _excluded(cfg, split)
     out, seen = [], set()
     budget = 200 * n + 1000  # small spaces (short chains) may not hold n distinct prompts: fail loudly
     while len(out) < n and budget > 0:
@@ -130,8 +154,9 @@ def fact_table(cfg: TaskConfig) -> list[tuple[str, str]]:
 
 
 def heldout_prompts(cfg: TaskConfig) -> set[str]:
-    """Every evaluation prompt (id, long, ood): what no training or pretraining text may contain."""
-    return {p.prompt for s in EVAL_SETS for p in make_split(cfg, s)}
+    """Every evaluation prompt (id, long, ood) and every val prompt: what no training or pretraining text may
+    contain (with n_val 0 the set, and so the pretraining text, is round 2's)."""
+    return {p.prompt for s in (*EVAL_SETS, "val") for p in make_split(cfg, s)}
 
 
 def extract_answer(completion: str) -> str | None:

@@ -39,6 +39,31 @@ def train_problems(cfg: StudyConfig) -> list[Problem]:
     return make_split(cfg.task, "train") if cfg.data.source == "arithmetic" else paper.train_problems(cfg.data)
 
 
+def rl_problems(cfg: StudyConfig) -> list[Problem]:
+    """The RL stage's prompts: a split of their own (`task.n_rl` > 0: disjoint from SFT's demonstrations and every
+    held-out set), else the train split as in round 2 (SFT had memorised those: RL found little to reward)."""
+    if cfg.data.source == "arithmetic" and cfg.task.n_rl > 0:
+        return make_split(cfg.task, "rl")
+    return train_problems(cfg)
+
+
+def rl_lr(cfg: StudyConfig, model_name: str, method: str, lr: float | None, lr_selection: Path | None) -> float:
+    """The RL stage's learning rate: a grid point (`lr`, the LR selection's runs), the arm's chosen LR (the
+    selection file, lr_select.py), or `rl.lr` when the config selects none. Resolved before the run starts, so a
+    missing or foreign selection file fails before any work."""
+    if lr is not None and lr_selection is not None:
+        raise UserError("sft_rl rl: give --lr (a grid run) or --lr-selection (a tuned run), not both")
+    if lr is not None:
+        return float(lr)
+    if lr_selection is not None:
+        from gradfidelity.studies.sft_rl.lr_select import tuned_lr
+
+        return tuned_lr(str(lr_selection), model_name, method)
+    if cfg.lr_selection is not None and cfg.lr_selection.enabled:
+        raise UserError(f"sft_rl.lr_selection.lrs is set: the {method} run needs its chosen LR (--lr-selection)")
+    return cfg.rl.lr
+
+
 def common_args(cfg: StudyConfig, out: Path, seed: int) -> dict:
     save = cfg.checkpoint_every > 0
     # CPU where DeepSpeed is told to use its CPU accelerator (the smoke and cpu scales) or no GPU exists
@@ -140,6 +165,7 @@ def run_sft(cfg: StudyConfig, model_name: str, variant: str, seed: int, base: Pa
                    "grad_accum": kwargs["gradient_accumulation_steps"], "ranks": run.world_size,
                    "global_batch": kwargs["per_device_train_batch_size"] * kwargs["gradient_accumulation_steps"]
                    * run.world_size, "n_params": p, "train_tokens": train_tokens, "gen_tokens": 0,
+                   "demo_tokens": summed_over_ranks(trainer.tokens.demo)[0],
                    "flops": flops(p, train_tokens, 0), "loss_history": _history(trainer, "loss"),
                    "grad_norm_history": _history(trainer, "grad_norm")}
         if overrides and overrides.get("max_steps") == 1:  # the probe: the exact update, no evaluation
@@ -160,8 +186,9 @@ def make_reward(check):
 
 
 def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: int, init: Path,
-           out: Path, cell: dict | None = None) -> dict:
-    """GRPO (rl, sft_then_rl) or a mixed-policy method from `init` (the base model or an SFT run).
+           out: Path, cell: dict | None = None, lr: float | None = None, lr_selection: Path | None = None) -> dict:
+    """GRPO (rl, sft_then_rl) or a mixed-policy method from `init` (the base model or an SFT run), at the learning
+    rate `rl_lr` resolves (a grid point, the arm's chosen LR, or rl.lr).
 
     The whole generation batch is one micro-batch (GA 1), so on the RL stage TRL's `bnpo` (the per-micro-batch
     mean, used when `agg_bug` reaches this stage through bug_stages) equals `dapo`; the aggregation bug bites
@@ -177,14 +204,19 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
     init_metrics = read_json(init / "metrics.json")
     if init_metrics.get("status") != "ok":
         raise UserError(f"{init}/metrics.json: the init run did not finish ok ({init_metrics.get('status')})")
-    upstream_flops = init_metrics["metrics"]["flops"] if method == "sft_then_rl" else 0.0
+    upstream = init_metrics["metrics"] if method == "sft_then_rl" else {}
+    if upstream and "demo_tokens" not in upstream:
+        raise UserError(f"{init}/metrics.json: the SFT run records no demo_tokens (made by older code; rerun it)")
+    upstream_flops = upstream["flops"] if upstream else 0.0
+    upstream_demo = upstream["demo_tokens"] if upstream else 0
+    lr = rl_lr(cfg, model_name, method, lr, lr_selection)
     run_cfg = {"stage": "rl", "method": method, "model": model_name, "variant": variant, "infra": inf.variant,
-               "init": str(init), **cfg.record()}
+               "init": str(init), "lr": lr, **cfg.record()}
     with Run(out, study=STUDY, config=run_cfg, seed=seed, threads=cfg.threads,
              cell={**(cell or {}), "stage": "rl"}) as run:
         model, tok = models.load_checkpoint(init / "model")
         data = Dataset.from_list([{"prompt": p.prompt, "solution": p.solution, "answer": p.answer}
-                                  for p in train_problems(cfg)])
+                                  for p in rl_problems(cfg)])
         r = cfg.rl
         loss_type = "bnpo" if inf.per_micro_mean else r.loss_type
         # prompts_per_step x num_generations rollouts per optimizer step in all, split evenly over the ranks
@@ -195,11 +227,11 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
         args = GRPOConfig(
             per_device_train_batch_size=rollouts // world, gradient_accumulation_steps=1,
             num_generations=r.num_generations, steps_per_generation=1, num_iterations=1,
-            max_completion_length=r.max_completion_length, max_steps=r.steps, learning_rate=r.lr,
+            max_completion_length=r.max_completion_length, max_steps=r.steps, learning_rate=lr,
             lr_scheduler_type="constant", warmup_steps=0, beta=0.0, loss_type=loss_type,
             scale_rewards="none" if method == "luffy" else r.scale_rewards, temperature=r.temperature,
             max_grad_norm=r.max_grad_norm, use_vllm=False, log_completions=False,
-            deepspeed=infra.ds_config(cfg.deepspeed, r.lr, 0.0), **common_args(cfg, out, seed))
+            deepspeed=infra.ds_config(cfg.deepspeed, lr, 0.0), **common_args(cfg, out, seed))
         cls = MIXED_TRAINERS.get(method, GFGRPOTrainer)
         extra = {"mixed": cfg.mixed} if method in MIXED_TRAINERS else {}
         ref: list = []
@@ -208,9 +240,11 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
         trunc = None
         if method == "sft_then_rl":
             def at_k(m):  # every rank reaches step k: the token sum is collective, the evaluation rank 0's
-                train_k, gen_k = summed_over_ranks(ref[0].tokens.train, ref[0].tokens.gen)
+                train_k, gen_k, demo_k = summed_over_ranks(ref[0].tokens.train, ref[0].tokens.gen,
+                                                           ref[0].tokens.demo)
                 return {**(evaluate_all(m, tok, cfg) if run.primary else {}),
-                        "flops": upstream_flops + flops(p, train_k, gen_k), "rl_steps": k}
+                        "flops": upstream_flops + flops(p, train_k, gen_k), "rl_steps": k,
+                        "demo_tokens": upstream_demo + demo_k, "gen_tokens": gen_k}
             trunc = EvalAtStep(k, at_k)
         extras = (lambda: {"truncated": trunc.result}) if trunc is not None else None
         callbacks = [HarnessCallback(run, ref, extras)] + ([trunc] if trunc is not None else [])
@@ -222,13 +256,17 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
         if trunc is not None and saved.get("truncated") is not None:  # step k was before the kill
             trunc.result = saved["truncated"]
         trainer.train(resume_from_checkpoint=ckpt)
-        train_tokens, gen_tokens = summed_over_ranks(trainer.tokens.train, trainer.tokens.gen)
+        train_tokens, gen_tokens, demo_tokens = summed_over_ranks(trainer.tokens.train, trainer.tokens.gen,
+                                                                  trainer.tokens.demo)
         metrics = {"stage": "rl", "method": method, "model": model_name, "variant": variant,
                    "infra": inf.variant, "deepspeed_version": version, "loss_type": loss_type, "n_params": p,
-                   "ranks": world, "init": str(init), "train_tokens": train_tokens, "gen_tokens": gen_tokens,
+                   "ranks": world, "init": str(init), "lr": lr, "train_tokens": train_tokens,
+                   "gen_tokens": gen_tokens, "demo_tokens": upstream_demo + demo_tokens,
                    "flops": upstream_flops + flops(p, train_tokens, gen_tokens),
                    "upstream_flops": upstream_flops,
                    "reward_history": _history(trainer, "reward"), "loss_history": _history(trainer, "loss"),
+                   # per step, the fraction of GRPO groups whose rollouts all got one reward (zero advantage)
+                   "zero_adv_history": _history(trainer, "frac_reward_zero_std"),
                    **(evaluate_all(trainer.model, tok, cfg) if run.primary else {})}
         if trunc is not None:
             if trunc.result is None:

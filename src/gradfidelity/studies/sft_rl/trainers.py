@@ -43,17 +43,20 @@ def step_outside_grad_mode(accelerator) -> None:
 
 
 class TokenCounter:
-    """Tokens processed per kind, for FLOPs: train (forward + backward) and gen (generation, prefill included)."""
+    """Tokens processed per kind, for FLOPs: train (forward + backward) and gen (generation, prefill included); demo
+    counts the trained tokens that are expert demonstrations (prompt + demonstration: every SFT sequence, a mixed
+    method's demonstration forwards), a part of train: how much expert data an arm saw (compute matching)."""
 
     def __init__(self):
         self.train = 0
         self.gen = 0
+        self.demo = 0
 
     def state_dict(self) -> dict:
-        return {"train": self.train, "gen": self.gen}
+        return {"train": self.train, "gen": self.gen, "demo": self.demo}
 
     def load_state_dict(self, s: dict) -> None:
-        self.train, self.gen = int(s["train"]), int(s["gen"])
+        self.train, self.gen, self.demo = int(s["train"]), int(s["gen"]), int(s["demo"])
 
 
 class GFSFTTrainer(SFTTrainer):
@@ -72,7 +75,9 @@ class GFSFTTrainer(SFTTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training:
-            self.tokens.train += int(inputs["attention_mask"].sum())
+            n = int(inputs["attention_mask"].sum())
+            self.tokens.train += n
+            self.tokens.demo += n  # every SFT sequence is a demonstration
             if self.recorded_inputs is not None:
                 self.recorded_inputs.append({k: v.detach().clone() for k, v in inputs.items()
                                              if isinstance(v, torch.Tensor)})
@@ -206,6 +211,7 @@ class MixedPolicyTrainer(GFGRPOTrainer):
             return full
         sub, _ = self._logps(model, inputs["prompt_ids"][rows], inputs["prompt_mask"][rows],
                              inputs["demo_ids"][rows], inputs["demo_mask"][rows])
+        self.tokens.demo += int(inputs["prompt_mask"][rows].sum() + inputs["demo_mask"][rows].sum())
         full = full.to(sub.dtype)
         full[rows] = sub
         return full
@@ -252,7 +258,9 @@ class LuffyTrainer(MixedPolicyTrainer):
     def method_loss(self, model, inputs):
         logps, _ = self._logps(model, inputs["prompt_ids"], inputs["prompt_mask"],
                                inputs["completion_ids"], inputs["completion_mask"])
-        per_token = losses.luffy_tokens(logps, inputs["advantages"], inputs["off_policy"], self.mixed.luffy_gamma)
+        off = inputs["off_policy"]
+        self.tokens.demo += int(inputs["prompt_mask"][off].sum() + inputs["completion_mask"][off].sum())
+        per_token = losses.luffy_tokens(logps, inputs["advantages"], off, self.mixed.luffy_gamma)
         return losses.masked_mean(per_token, inputs["completion_mask"])
 
 
@@ -315,6 +323,7 @@ class ReLIFTTrainer(MixedPolicyTrainer):
             p = tok([b[0] for b in batch], add_special_tokens=False, padding=True, return_tensors="pt")
             d_ids, d_mask = _right_pad(self._demo_ids([b[1] for b in batch]), self.pad_id)
             demo_logps, _ = self._logps(model, p["input_ids"], p["attention_mask"], d_ids, d_mask)
+            self.tokens.demo += int(p["attention_mask"].sum() + d_mask.sum())
             loss = loss + losses.masked_mean(losses.nll_tokens(demo_logps), d_mask)
         return loss
 
