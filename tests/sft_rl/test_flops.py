@@ -132,3 +132,13 @@ def test_hpt_and_srft_demo_forward_is_once_per_prompt(setup, monkeypatch):
     rollouts = sum(len(x["prompt"]) + int(c.sum()) for x, c in zip(rows, seen[0]["completion_mask"], strict=True))
     demos_once = sum(len(rows[i]["prompt"]) + len(rows[i]["solution"]) + 1 for i in range(0, len(rows), G))
     assert m["train_tokens"] - rollouts == demos_once
+
+
+def test_lr_grid_run_is_scored_on_val_alone(setup):
+    """An LR-selection run (an explicit lr) trains at that lr and reports `acc_val` only: it never evaluates the eval
+    sets (nor the truncated step), so the selection cannot read them."""
+    _, root, _, _ = setup
+    cfg = make_cfg({**CFG, "task": {**CFG["task"], "n_val": 4}})
+    m = training.run_rl(cfg, "t", "fixed", "sft_then_rl", 100, root / "sft", root / "grid", lr=1e-3)
+    assert m["lr"] == 1e-3 and 0.0 <= m["acc_val"] <= 100.0
+    assert not any(k.startswith(("acc_id", "acc_long", "acc_ood", "nll_")) for k in m) and "truncated" not in m

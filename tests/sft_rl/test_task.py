@@ -144,9 +144,13 @@ SCALES = ("smoke", "cpu")  # the scales that generate their sets (paper scale re
 # pretraining corpus: a change of the generator or of a scale's task config must change these on purpose.
 PINNED = {
     "smoke": {"train": "1fb9f784afb742c3", "id": "acc062df8e2e67eb", "long": "efcd506b1c02c438",
-              "ood": "2342553922b2db85", "pretrain": "8ce7b5209aaa1654"},
-    "cpu": {"train": "d9ae7b5343883c68", "id": "41f2c99d8081c2a8", "long": "69cc1c9af18dbdc8",
-            "ood": "ea89b3e096f71ae0", "pretrain": "71f986486901b00b"},
+              "ood": "2342553922b2db85", "val": "b8f4cf88314cb652", "rl": "45655c954d64b7ce",
+              "pretrain": "8ce7b5209aaa1654"},
+    # round 3: 600 problems per eval set (the first 600 of round 2's 1,000), a val and an rl split; the
+    # pretraining text skips the val prompts too, so it changed
+    "cpu": {"train": "d9ae7b5343883c68", "id": "603fdcfbf8e39197", "long": "881d2c2a9800d41c",
+            "ood": "b463a11912139759", "val": "f20b804d1aab725e", "rl": "c34bc3a695cad26c",
+            "pretrain": "de6966d95096e263"},
 }
 
 
@@ -164,7 +168,9 @@ def _digest(cfg) -> dict[str, str]:
     import hashlib
 
     out = {}
-    for split in ("train", *EVAL_SETS):
+    for split in ("train", *EVAL_SETS, "val", "rl"):
+        if split in ("val", "rl") and not make_split(cfg, split):
+            continue
         text = "\n".join(f"{p.prompt}|{p.solution}|{p.answer}" for p in make_split(cfg, split))
         out[split] = hashlib.sha256(text.encode()).hexdigest()[:16]
     corpus = "\n".join(f"{line['prompt']}|{line['completion']}" for line in pretrain_corpus(cfg))
@@ -180,13 +186,13 @@ def test_generated_sets_are_pinned(scale):
 @pytest.mark.parametrize("scale", SCALES)
 def test_no_eval_problem_in_pretraining_sft_or_rl_data(scale):
     cfg = _task_cfg(scale)
-    train = make_split(cfg, "train")  # the SFT demonstrations and the RL prompts
+    train = make_split(cfg, "train") + make_split(cfg, "rl")  # the SFT demonstrations and the RL prompts
     train_prompts, train_text = {p.prompt for p in train}, {p.prompt + p.solution for p in train}
     corpus = pretrain_corpus(cfg)
     assert len(corpus) == cfg.n_pretrain
     corpus_prompts = {line["prompt"] for line in corpus}
     corpus_text = "\n".join(line["prompt"] + line["completion"] for line in corpus)
-    for split in EVAL_SETS:
+    for split in (*EVAL_SETS, "val"):
         for p in make_split(cfg, split):
             assert p.prompt not in train_prompts and p.prompt + p.solution not in train_text, (split, p)
             assert p.prompt not in corpus_prompts, (split, p)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from gradfidelity.errors import UserError
 from gradfidelity.studies.sft_rl import paper
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import EVAL_SETS, Problem, accuracy_table, fact_table, is_correct, make_split
@@ -84,9 +85,16 @@ def evaluate_all(model, tok, cfg: StudyConfig) -> dict[str, float]:
     nll = {f"nll_{s}": demo_nll(model, tok, probs, cfg.eval_batch_size) for s, probs in sets.items()}
     nll["nll_macro"] = sum(nll.values()) / len(nll)
     if cfg.data.source == "arithmetic" and cfg.task.n_val > 0:
-        val = make_split(cfg.task, "val")
-        out["acc_val"] = 100.0 * sum(evaluate(model, tok, val, cfg.eval_batch_size, check)) / len(val)
+        out.update(evaluate_val(model, tok, cfg))
     return {**out, **nll}
+
+
+def evaluate_val(model, tok, cfg: StudyConfig) -> dict[str, float]:
+    """Accuracy (points) on the `val` set alone: what an LR-selection run reports (it never sees the eval sets)."""
+    if cfg.data.source != "arithmetic" or cfg.task.n_val == 0:
+        raise UserError("sft_rl: the LR selection scores the val set; set sft_rl.task.n_val (arithmetic task)")
+    val = make_split(cfg.task, "val")
+    return {"acc_val": 100.0 * sum(evaluate(model, tok, val, cfg.eval_batch_size, checker(cfg))) / len(val)}
 
 
 def fact_accuracy(model, tok, cfg: StudyConfig) -> dict[str, float]:

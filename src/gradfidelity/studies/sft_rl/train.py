@@ -26,7 +26,7 @@ from gradfidelity.harness.io import read_json
 from gradfidelity.studies.sft_rl import infra, models, paper
 from gradfidelity.studies.sft_rl.callbacks import EvalAtStep, HarnessCallback, barrier, resume
 from gradfidelity.studies.sft_rl.config import StudyConfig
-from gradfidelity.studies.sft_rl.evaluate import checker, evaluate_all, fact_accuracy
+from gradfidelity.studies.sft_rl.evaluate import checker, evaluate_all, evaluate_val, fact_accuracy
 from gradfidelity.studies.sft_rl.flops import flops, summed_over_ranks
 from gradfidelity.studies.sft_rl.plan import stage_variant
 from gradfidelity.studies.sft_rl.task import Problem, make_split, pretrain_corpus
@@ -68,7 +68,10 @@ def common_args(cfg: StudyConfig, out: Path, seed: int) -> dict:
     save = cfg.checkpoint_every > 0
     # CPU where DeepSpeed is told to use its CPU accelerator (the smoke and cpu scales) or no GPU exists
     use_cpu = os.environ.get("DS_ACCELERATOR") == "cpu" or not torch.cuda.is_available()
+    # gradient_checkpointing off: TRL's SFTConfig and GRPOConfig default it on (a memory saving for 7B models), which
+    # recomputes every forward in the backward; the tiny models need no memory saving, and the gradient is the same
     return dict(output_dir=str(out / "trainer"), bf16=False, use_cpu=use_cpu, report_to=[], logging_steps=1,
+                gradient_checkpointing=False,
                 seed=seed, data_seed=seed, dataloader_num_workers=0, save_strategy="steps" if save else "no",
                 save_steps=cfg.checkpoint_every if save else 500, save_only_model=False,
                 disable_tqdm=not sys.stderr.isatty())
@@ -209,6 +212,7 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
         raise UserError(f"{init}/metrics.json: the SFT run records no demo_tokens (made by older code; rerun it)")
     upstream_flops = upstream["flops"] if upstream else 0.0
     upstream_demo = upstream["demo_tokens"] if upstream else 0
+    selection_run = lr is not None  # an LR-grid run: scored on val alone, never on the eval sets
     lr = rl_lr(cfg, model_name, method, lr, lr_selection)
     run_cfg = {"stage": "rl", "method": method, "model": model_name, "variant": variant, "infra": inf.variant,
                "init": str(init), "lr": lr, **cfg.record()}
@@ -238,7 +242,7 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
         p = models.n_params(model)
         k = cfg.truncated_steps
         trunc = None
-        if method == "sft_then_rl":
+        if method == "sft_then_rl" and not selection_run:
             def at_k(m):  # every rank reaches step k: the token sum is collective, the evaluation rank 0's
                 train_k, gen_k, demo_k = summed_over_ranks(ref[0].tokens.train, ref[0].tokens.gen,
                                                            ref[0].tokens.demo)
@@ -266,8 +270,10 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
                    "upstream_flops": upstream_flops,
                    "reward_history": _history(trainer, "reward"), "loss_history": _history(trainer, "loss"),
                    # per step, the fraction of GRPO groups whose rollouts all got one reward (zero advantage)
-                   "zero_adv_history": _history(trainer, "frac_reward_zero_std"),
-                   **(evaluate_all(trainer.model, tok, cfg) if run.primary else {})}
+                   "zero_adv_history": _history(trainer, "frac_reward_zero_std")}
+        if run.primary:
+            metrics.update(evaluate_val(trainer.model, tok, cfg) if selection_run else
+                           evaluate_all(trainer.model, tok, cfg))
         if trunc is not None:
             if trunc.result is None:
                 raise RuntimeError(f"truncated evaluation at RL step {k} did not run")
