@@ -141,13 +141,18 @@ def read_aggregate(path: str | Path) -> pd.DataFrame:
     return df
 
 
-def fifth_rise(history: list[float] | None) -> float:
-    """Mean of the last fifth of a per-step history minus the mean of its first fifth (nan without 5 steps):
-    did the training reward rise?"""
-    if not history or len(history) < 5:
-        return math.nan
+def fifths(history: list[float] | None) -> tuple[float, float] | None:
+    """(mean of the first fifth, mean of the last fifth) of a per-step history; None without 5 steps."""
+    if not isinstance(history, list) or len(history) < 5:
+        return None
     k = len(history) // 5
-    return float(np.mean(history[-k:]) - np.mean(history[:k]))
+    return float(np.mean(history[:k])), float(np.mean(history[-k:]))
+
+
+def fifth_rise(history: list[float] | None) -> float:
+    """The last fifth's mean minus the first fifth's (nan without 5 steps): did the training reward rise?"""
+    f = fifths(history)
+    return math.nan if f is None else f[1] - f[0]
 
 
 def summarise(df: pd.DataFrame) -> pd.DataFrame:

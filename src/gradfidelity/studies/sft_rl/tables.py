@@ -23,7 +23,7 @@ import pandas as pd
 from gradfidelity.claims.evidence import level_for
 from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.sft_rl import plan
-from gradfidelity.studies.sft_rl.aggregate import ACC, BASE, summarise
+from gradfidelity.studies.sft_rl.aggregate import ACC, BASE, fifths, summarise
 from gradfidelity.studies.sft_rl.baseline import CONSTANT, GATE, GATE_MARGIN, constant_baseline
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import EVAL_SETS
@@ -50,14 +50,6 @@ def macro_intervals(df: pd.DataFrame, level: float) -> dict[tuple[str, str, str]
     return out
 
 
-def _fifths(history) -> tuple[float, float] | None:
-    """Mean of the first and of the last fifth of a per-step history (at least one step each); None without one."""
-    if not isinstance(history, list) or not history:
-        return None
-    k = max(1, len(history) // 5)
-    return float(np.mean(history[:k])), float(np.mean(history[-k:]))
-
-
 def arm_columns(df: pd.DataFrame, level: float) -> dict[tuple[str, str, str], dict[str, str]]:
     """Per (model, variant, method) cell of the tidy CSV: its start (plan.start_method), the t interval at `level`
     of its paired gain over the start on `id` (arm minus start, same variant and seed, the finished pairs), its RL
@@ -76,9 +68,9 @@ def arm_columns(df: pd.DataFrame, level: float) -> dict[tuple[str, str, str], di
             row["gain_id_ci95"] = "n/a" if iv is None or iv.low is None else f"{iv.estimate:+.1f} {iv.fmt(1)}"
         lrs = ok.lr.astype(float).dropna()
         row["lr"] = f"{lrs.mean():.3g}" if len(lrs) else "-"
-        fifths = [f for f in map(_fifths, ok.zero_adv_history) if f is not None]
-        if fifths:
-            first, last = np.mean(fifths, axis=0)
+        firsts_lasts = [f for f in map(fifths, ok.zero_adv_history) if f is not None]
+        if firsts_lasts:
+            first, last = np.mean(firsts_lasts, axis=0)
             row["zero_adv"] = f"{first:.2f} -> {last:.2f}"
         for k in ("demo_tokens", "gen_tokens"):
             x = ok[k].astype(float).dropna()
@@ -149,8 +141,8 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
         "included); both means over the finished seeds. Their ratio is the budget's recipe (the paper's is about "
         "1:4, A9).",
         "zero_adv: the share of GRPO groups whose rollouts all got the same reward (zero advantage: they teach "
-        "nothing), mean of the first fifth of the RL steps -> mean of the last fifth, averaged over seeds; '-' "
-        "without RL steps.",
+        "nothing), mean of the first fifth of the RL steps -> mean of the last fifth, averaged over seeds; '-' with fewer than 5 "
+        "RL steps.",
         f"sft_then_rl_truncated: the sft_then_rl run evaluated after {cfg.truncated_steps} of {cfg.rl.steps} RL "
         "steps (the paper's 50-step fraction).",
         base_note,
