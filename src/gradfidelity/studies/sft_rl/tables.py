@@ -141,8 +141,8 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
         "included); both means over the finished seeds. Their ratio is the budget's recipe (the paper's is about "
         "1:4, A9).",
         "zero_adv: the share of GRPO groups whose rollouts all got the same reward (zero advantage: they teach "
-        "nothing), mean of the first fifth of the RL steps -> mean of the last fifth, averaged over seeds; '-' with fewer than 5 "
-        "RL steps.",
+        "nothing), mean of the first fifth of the RL steps -> mean of the last fifth, averaged over seeds; '-' "
+        "with fewer than 5 RL steps.",
         f"sft_then_rl_truncated: the sft_then_rl run evaluated after {cfg.truncated_steps} of {cfg.rl.steps} RL "
         "steps (the paper's 50-step fraction).",
         base_note,
