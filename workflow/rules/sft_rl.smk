@@ -279,6 +279,29 @@ rule sft_rl_figures:
         "--score-vs-flops {output.score_vs_flops} --reward-curves {output.reward_curves} > {log} 2>&1"
 
 
+rule sft_rl_bench:
+    # Throughput: round 3's RL and SFT paths against round 4's in one process, and the FLOP floor (bench.py). It
+    # needs the machine to itself: run it alone (`snakemake -c1 results/<scale>/bench/sft_rl.json`), or as the last
+    # job of the study (it waits for every run, `input.after`).
+    input:
+        init=f"{sft_rl_plan.bench_init_dir(SFT_RL, SFT_RL_ROOT)}/metrics.json",
+        after=SFT_RL_RUNS,
+    output:
+        f"{RESULTS}/bench/sft_rl.json",
+    params:
+        gf=GF,
+        cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "bench"),
+    log:
+        f"{SFT_RL_ROOT}/logs/bench.log",
+    conda:
+        CONDA_ENV
+    threads: workflow.cores
+    resources:
+        **rule_resources("sft_rl_bench"),
+    shell:
+        "{params.gf} sft-rl-bench --cfg {params.cfg} --init $(dirname {input.init}) --out {output} > {log} 2>&1"
+
+
 rule sft_rl_claims:
     input:
         aggregate=f"{SFT_RL_ROOT}/aggregate.csv",
@@ -308,3 +331,4 @@ rule sft_rl:
         list(SFT_RL_TABLES.values()),
         list(SFT_RL_FIGURES.values()),
         f"{RESULTS}/claims/sft_rl.json",
+        f"{RESULTS}/bench/sft_rl.json",

@@ -107,6 +107,20 @@ def _table_paths(p) -> None:
         p.add_argument(f"--{k.replace('_', '-')}", required=True, dest=k)
 
 
+def _bench(args) -> int:
+    from gradfidelity.studies.sft_rl.bench import run_bench
+
+    run_bench(_cfg(args, "bench"), Path(args.init), Path(args.out), rounds=args.rounds)
+    return 0
+
+
+def _pilot(args) -> int:
+    from gradfidelity.studies.sft_rl.pilot import run_pilot
+
+    run_pilot(_cfg(args, "rl"), args.method, Path(args.init), args.lr, args.eval_steps, args.seed, Path(args.out))
+    return 0
+
+
 def _probe(args) -> int:
     from gradfidelity.studies.sft_rl.probe import run_probe
 
@@ -195,6 +209,24 @@ def register(sub) -> None:
     _table_paths(p)
     p.add_argument("--out", required=True, help="results/<scale>/claims/sft_rl.json")
     p.set_defaults(func=_claims)
+
+    p = sub.add_parser("sft-rl-bench", help="sft_rl: ms per rollout and per SFT step, round 3's path vs round 4's, "
+                                            "against the FLOP floor")
+    p.add_argument("--cfg", required=True)
+    p.add_argument("--init", required=True, help="the SFT run directory the bench trains from")
+    p.add_argument("--rounds", type=int, default=15, help="rounds (one step of each path) per bench")
+    p.add_argument("--out", required=True, help="results/<scale>/bench/sft_rl.json")
+    p.set_defaults(func=_bench)
+
+    p = sub.add_parser("sft-rl-pilot", help="sft_rl: the RL-stage sizing pilot (one arm, evaluated at several steps)")
+    p.add_argument("--cfg", required=True, help="the rl job's sections, as JSON (rules.JOB_KEYS['rl'])")
+    p.add_argument("--method", required=True, choices=RL_STAGE)
+    p.add_argument("--init", required=True, help="run directory of the starting model (base or SFT)")
+    p.add_argument("--lr", type=float, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--eval-steps", type=int, nargs="+", required=True, help="optimizer steps to evaluate at")
+    p.add_argument("--out", required=True, help="the pilot's JSON")
+    p.set_defaults(func=_pilot)
 
     p = sub.add_parser("sft-rl-probe", help="sft_rl: one SGD step through the SFT trainer + DeepSpeed path")
     p.add_argument("--variant", required=True)

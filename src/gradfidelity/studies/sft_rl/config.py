@@ -114,6 +114,7 @@ class RLConfig:
     scale_rewards: str
     max_grad_norm: float
     truncated_fraction: float  # 50 of 500 RL steps at paper scale
+    length_groups: int         # 0: TRL's padded log-prob forward; k: k length-sorted micro-batches, each trimmed
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,14 @@ def base_runs(cfg: StudyConfig, root: str) -> list[str]:
     return [f"{base_dir(root, m.name)}/metrics.json" for m in cfg.models]
 
 
+def bench_init_dir(cfg: StudyConfig, root: str) -> str:
+    """The SFT run the throughput bench (bench.py) trains from: the fixed SFT of the selection seed (where every
+    SFT-then-RL grid run starts), or of the first seed when the config selects no LR."""
+    sel = cfg.lr_selection
+    seed = sel.seed if sel is not None and sel.enabled else cfg.seeds[0]
+    return run_dir(root, cfg.models[0].name, "fixed", "sft", seed)
+
+
 def table_paths(tables: str) -> dict[str, str]:
     """The study's paper tables under `tables` (paper_tables/<scale>), keyed like the CLI's arguments."""
     return {"main_csv": f"{tables}/sft_rl_main.csv", "main_md": f"{tables}/sft_rl_main.md",

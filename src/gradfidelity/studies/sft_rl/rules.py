@@ -22,6 +22,7 @@ JOB_KEYS = {
     "sft": _COMMON + ("sft", "deepspeed", "bug_stages"),
     "rl": _COMMON + ("rl", "mixed", "deepspeed", "bug_stages", "lr_selection"),
     "alignment": _COMMON + ("sft", "alignment_windows"),
+    "bench": _COMMON + ("sft", "rl", "deepspeed"),
     # The analysis jobs: which cells exist (aggregate), what the notes and the constant-answer row say (tables),
     # what is drawn (figures), the claims' models, methods and constant-answer gate (claims).
     "aggregate": ("models", "seeds", "methods", "variants", "bug_stages"),

@@ -77,6 +77,45 @@ def common_args(cfg: StudyConfig, out: Path, seed: int) -> dict:
                 disable_tqdm=not sys.stderr.isatty())
 
 
+def sft_args(cfg: StudyConfig, out: Path, seed: int) -> dict:
+    """SFTConfig fields of an SFT run (the bench builds the same trainer)."""
+    s = cfg.sft
+    return dict(per_device_train_batch_size=s.micro_batch_size, gradient_accumulation_steps=s.grad_accum,
+                max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="cosine", warmup_steps=s.warmup_ratio,
+                max_grad_norm=s.max_grad_norm, weight_decay=s.weight_decay, max_length=256,
+                deepspeed=infra.ds_config(cfg.deepspeed, s.lr, s.weight_decay), **common_args(cfg, out, seed))
+
+
+def rl_args(cfg: StudyConfig, method: str, lr: float, loss_type: str, world: int, out: Path, seed: int) -> dict:
+    """GRPOConfig fields of an RL-stage run: prompts_per_step x num_generations rollouts per optimizer step in all,
+    split evenly over the `world` ranks, one policy update per generation (GA 1), no KL term, constant LR."""
+    r = cfg.rl
+    rollouts = r.prompts_per_step * r.num_generations
+    if rollouts % world:
+        raise UserError(f"sft_rl.rl: prompts_per_step x num_generations = {rollouts} rollouts per step do not "
+                        f"split over {world} ranks (sft_rl.ranks)")
+    return dict(
+        per_device_train_batch_size=rollouts // world, gradient_accumulation_steps=1,
+        num_generations=r.num_generations, steps_per_generation=1, num_iterations=1,
+        max_completion_length=r.max_completion_length, max_steps=r.steps, learning_rate=lr,
+        lr_scheduler_type="constant", warmup_steps=0, beta=0.0, loss_type=loss_type,
+        scale_rewards="none" if method == "luffy" else r.scale_rewards, temperature=r.temperature,
+        max_grad_norm=r.max_grad_norm, use_vllm=False, log_completions=False,
+        deepspeed=infra.ds_config(cfg.deepspeed, lr, 0.0), **common_args(cfg, out, seed))
+
+
+def no_memory_fill() -> None:
+    """Keep deterministic algorithms (seeded by the harness) but stop torch filling every new tensor with NaN.
+
+    `torch.use_deterministic_algorithms(True)` also turns on `torch.utils.deterministic.fill_uninitialized_memory`,
+    which writes NaN into every `torch.empty` so that a read of uninitialised memory cannot differ between runs. In
+    the transformers forward and backward of these tiny models that fill was 35-40% of an RL step (profiled in
+    round 4; it is not DeepSpeed's buffers, the cost stays without DeepSpeed). Every tensor the step reads is
+    written first, so no number depends on it: the loss, reward and accuracy histories repeated bit for bit with
+    it off (README, "Round 4: speed")."""
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
 def _history(trainer, key: str) -> list[float]:
     return [float(h[key]) for h in trainer.state.log_history if key in h]
 
@@ -102,12 +141,14 @@ def run_pretrain(cfg: StudyConfig, model_name: str, out: Path, seed: int = 0, ce
     if mcfg.hub_id:  # paper scale: the pretrained model is the base; save it as the shared checkpoint
         with Run(out, study=STUDY, config={"stage": "base", "model": model_name, **cfg.record()}, seed=seed,
                  threads=cfg.threads, cell={**(cell or {}), "stage": "base"}) as run:
+            no_memory_fill()
             model, tok = models.load_pretrained(mcfg)
             _finish(run, model, tok, out, {"stage": "base", "model": model_name, "hub_id": mcfg.hub_id,
                                            "n_params": models.n_params(model), "flops": 0.0}, {})
         return
     with Run(out, study=STUDY, config={"stage": "pretrain", "model": model_name, **cfg.record()}, seed=seed,
              threads=cfg.threads, cell={**(cell or {}), "stage": "pretrain"}) as run:
+        no_memory_fill()
         tok = models.build_tokenizer()
         model = models.build_tiny_model(mcfg, tok, seed)
         data = Dataset.from_list(pretrain_corpus(cfg.task))  # prompt/completion: loss on completions only
@@ -146,14 +187,10 @@ def run_sft(cfg: StudyConfig, model_name: str, variant: str, seed: int, base: Pa
     run_cfg = {"stage": "sft", "model": model_name, "variant": variant, "infra": inf.variant, **cfg.record()}
     with Run(out, study=STUDY, config=run_cfg, seed=seed, threads=cfg.threads,
              cell={**(cell or {}), "stage": "sft"}) as run:
+        no_memory_fill()
         model, tok = models.load_checkpoint(base / "model")
         data = Dataset.from_list([{"prompt": p.prompt, "completion": p.solution} for p in train_problems(cfg)])
-        s = cfg.sft
-        kwargs = dict(per_device_train_batch_size=s.micro_batch_size, gradient_accumulation_steps=s.grad_accum,
-                      max_steps=s.steps, learning_rate=s.lr, lr_scheduler_type="cosine", warmup_steps=s.warmup_ratio,
-                      max_grad_norm=s.max_grad_norm, weight_decay=s.weight_decay, max_length=256,
-                      deepspeed=infra.ds_config(cfg.deepspeed, s.lr, s.weight_decay), **common_args(cfg, out, seed))
-        kwargs.update(overrides or {})
+        kwargs = {**sft_args(cfg, out, seed), **(overrides or {})}
         ref: list = []
         trainer = GFSFTTrainer(model=model, args=SFTConfig(**kwargs), train_dataset=data, processing_class=tok,
                                callbacks=[HarnessCallback(run, ref)], per_micro_mean=inf.per_micro_mean)
@@ -218,26 +255,15 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
                "init": str(init), "lr": lr, **cfg.record()}
     with Run(out, study=STUDY, config=run_cfg, seed=seed, threads=cfg.threads,
              cell={**(cell or {}), "stage": "rl"}) as run:
+        no_memory_fill()
         model, tok = models.load_checkpoint(init / "model")
         data = Dataset.from_list([{"prompt": p.prompt, "solution": p.solution, "answer": p.answer}
                                   for p in rl_problems(cfg)])
-        r = cfg.rl
-        loss_type = "bnpo" if inf.per_micro_mean else r.loss_type
-        # prompts_per_step x num_generations rollouts per optimizer step in all, split evenly over the ranks
-        rollouts, world = r.prompts_per_step * r.num_generations, run.world_size
-        if rollouts % world:
-            raise UserError(f"sft_rl.rl: prompts_per_step x num_generations = {rollouts} rollouts per step do not "
-                            f"split over {world} ranks (sft_rl.ranks)")
-        args = GRPOConfig(
-            per_device_train_batch_size=rollouts // world, gradient_accumulation_steps=1,
-            num_generations=r.num_generations, steps_per_generation=1, num_iterations=1,
-            max_completion_length=r.max_completion_length, max_steps=r.steps, learning_rate=lr,
-            lr_scheduler_type="constant", warmup_steps=0, beta=0.0, loss_type=loss_type,
-            scale_rewards="none" if method == "luffy" else r.scale_rewards, temperature=r.temperature,
-            max_grad_norm=r.max_grad_norm, use_vllm=False, log_completions=False,
-            deepspeed=infra.ds_config(cfg.deepspeed, lr, 0.0), **common_args(cfg, out, seed))
+        loss_type = "bnpo" if inf.per_micro_mean else cfg.rl.loss_type
+        args = GRPOConfig(**rl_args(cfg, method, lr, loss_type, run.world_size, out, seed))
         cls = MIXED_TRAINERS.get(method, GFGRPOTrainer)
         extra = {"mixed": cfg.mixed} if method in MIXED_TRAINERS else {}
+        extra["length_groups"] = cfg.rl.length_groups
         ref: list = []
         p = models.n_params(model)
         k = cfg.truncated_steps
@@ -264,7 +290,7 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
                                                                   trainer.tokens.demo)
         metrics = {"stage": "rl", "method": method, "model": model_name, "variant": variant,
                    "infra": inf.variant, "deepspeed_version": version, "loss_type": loss_type, "n_params": p,
-                   "ranks": world, "init": str(init), "lr": lr, "train_tokens": train_tokens,
+                   "ranks": run.world_size, "init": str(init), "lr": lr, "train_tokens": train_tokens,
                    "gen_tokens": gen_tokens, "demo_tokens": upstream_demo + demo_tokens,
                    "flops": upstream_flops + flops(p, train_tokens, gen_tokens),
                    "upstream_flops": upstream_flops,

@@ -96,13 +96,83 @@ class GFSFTTrainer(SFTTrainer):
         self.tokens.load_state_dict(s["tokens"])
 
 
-class GFGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer that counts generated and trained tokens (FLOPs accounting)."""
+def length_groups(lengths: torch.Tensor, groups: int) -> list[torch.Tensor]:
+    """Row indices in `groups` near-equal micro-batches of similar length (rows sorted by length, stable, so equal
+    lengths keep their order), shortest first; fewer groups when there are fewer rows."""
+    order = torch.sort(lengths, stable=True).indices
+    return [g for g in torch.tensor_split(order, min(groups, len(order))) if len(g)]
 
-    def __init__(self, *args, **kwargs):
+
+def _contiguous(mask: torch.Tensor, lengths: torch.Tensor, left: bool) -> bool:
+    """Whether every row of `mask` is one block of ones of its length, at the right end (left padding) or the left
+    end (right padding): the only layouts the trim below may cut."""
+    width = mask.size(1)
+    cols = torch.arange(width).unsqueeze(0)
+    want = cols >= width - lengths.unsqueeze(1) if left else cols < lengths.unsqueeze(1)
+    return bool(torch.equal(mask.bool(), want))
+
+
+class GFGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer that counts generated and trained tokens (FLOPs accounting) and, with `length_groups` k >= 1,
+    runs its log-prob forwards without the padding.
+
+    Why the trim: TRL scores a batch as one tensor, every prompt left-padded to the longest prompt and every
+    completion right-padded to the longest completion, so the backbone's forward and backward run on every pad
+    position (at the cpu sizes 42 positions a row, 21-29 of them real). With k groups, the rows are sorted by
+    length, split into k micro-batches, and each is cut to its own longest prompt and completion; the results are
+    padded back to the batch's shape (zeros where the row has no token, which every loss masks out) and put back in
+    row order. What does not change: the loss and its normalisation (TRL's, over the whole batch: one backward per
+    step), and each real token's position id, which stays the one it has in the padded batch (TRL's forward passes
+    none, so the model numbers positions from the first padded column; RoPE depends on relative positions only, so
+    renumbering would move only rounding, but keeping them keeps the computation the padded one). What can change:
+    the last bits (about 1e-7 in a log-prob), since the rows are reordered and kernels reduce over shapes of another
+    size; tests/sft_rl/test_trim.py checks log-probs, loss and gradient against TRL's padded forward."""
+
+    def __init__(self, *args, length_groups: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         step_outside_grad_mode(self.accelerator)
         self.tokens = TokenCounter()
+        self.length_groups = length_groups
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+        if self.length_groups < 1 or compute_aux_loss or any(v is not None for v in multimodal.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+        return self._trimmed_logps(model, input_ids, attention_mask, logits_to_keep, compute_entropy)
+
+    def _trimmed_logps(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy):
+        n_rows, width = input_ids.shape              # (B, P + C)
+        c_width = logits_to_keep                      # C: the completion columns
+        p_width = width - c_width                     # P: the prompt columns (left-padded)
+        p_len = attention_mask[:, :p_width].sum(1)    # (B,) real prompt tokens
+        c_len = attention_mask[:, p_width:].sum(1)    # (B,) real completion tokens
+        if not (_contiguous(attention_mask[:, :p_width], p_len, left=True)
+                and _contiguous(attention_mask[:, p_width:], c_len, left=False)):
+            raise ValueError("length_groups: the batch is not left-padded prompts + right-padded completions; "
+                             "set sft_rl.rl.length_groups to 0 (TRL's padded path)")
+        logps, ents, rows = [], [], []
+        for idx in length_groups(p_len + c_len, self.length_groups):
+            p, c = int(p_len[idx].max()), max(1, int(c_len[idx].max()))
+            cols = slice(p_width - p, p_width + c)
+            ids, mask = input_ids[idx, cols], attention_mask[idx, cols]
+            # the position ids these tokens have in the padded batch (positions count from its first column)
+            pos = torch.arange(p_width - p, p_width + c, device=ids.device).unsqueeze(0).expand(len(idx), -1)
+            labels = ids.masked_fill(mask == 0, -100)
+            labels[:, :-c] = -100                     # only the completion is scored (as TRL)
+            with self.accelerator.autocast():
+                out = model(input_ids=ids, attention_mask=mask, position_ids=pos, labels=labels, fused_lm_head=True)
+            pad = (0, c_width - c)                    # back to the batch's completion width
+            logps.append(torch.nn.functional.pad(out.log_probs[:, -c:], pad))
+            if compute_entropy:
+                ents.append(torch.nn.functional.pad(out.entropy[:, -c:], pad))
+            rows.append(idx)
+        back = torch.argsort(torch.cat(rows))        # sorted position -> original row
+        logps_all = torch.cat(logps)[back]
+        ents_all = torch.cat(ents)[back] if compute_entropy else None
+        assert logps_all.shape == (n_rows, c_width)
+        return logps_all, ents_all, None
 
     def _count_generation(self, out: dict, rows: torch.Tensor | None = None) -> None:
         keep = slice(None) if rows is None else rows
