@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from gradfidelity.errors import UserError
+from gradfidelity.harness.provenance import IDENTITY_KEYS, UNKNOWN_ISA
 from gradfidelity.reference import (
-    DRIFT,
     MAX_REL,
     MIN_REL,
     Job,
@@ -16,6 +16,7 @@ from gradfidelity.reference import (
     compare,
     cross_host_rules,
     parse_dry_run,
+    read_drift,
     select,
 )
 
@@ -91,10 +92,16 @@ def test_an_upstream_run_already_chosen_costs_nothing_again():
 
 
 RUN = "results/cpu/async_pp/cell/seed0"
+# Two host types that both read "AMD EPYC": the committed runs' (AVX2) and an AVX-512 one
+AVX2_HOST = {"cpu_model": "AMD EPYC", "cpu_vendor": "AuthenticAMD", "cpu_family": 25, "cpu_model_number": 1,
+             "cpu_stepping": 1, "cpu_capability": "AVX2", "cpu_flags": "avx2", "cpu_isa_limits": "none"}
+AVX512_HOST = {**AVX2_HOST, "cpu_model_number": 17, "cpu_capability": "AVX512",
+               "cpu_flags": "avx2 avx512f avx512_bf16"}
+OLD_ROW = {"cpu_model": "AMD EPYC", **{k: UNKNOWN_ISA for k in IDENTITY_KEYS}}
 
 
-def _rows(cpu, loss, steps=400, status="ok", delta=0.03):
-    return pd.DataFrame([{"run_id": RUN, "study": "async_pp", "status": status, "cpu_model": cpu, "metric_loss": loss,
+def _rows(host, loss, steps=400, status="ok", delta=0.03):
+    return pd.DataFrame([{"run_id": RUN, "study": "async_pp", "status": status, **host, "metric_loss": loss,
                           "metric_steps": steps, "metric_delta": delta}])
 
 
@@ -112,61 +119,116 @@ def test_cross_host_rules_follow_the_measured_drift():
     assert rules[("async_pp", "steps")] == 0.0  # did not move: exact
     assert rules[("async_pp", "delta")] is None and 2 * 0.40 > MAX_REL  # not comparable across hosts
     assert rules[("async_pp", "tiny")] == MIN_REL
+    # two measurements: the larger drift of a metric wins
+    more = pd.concat([DRIFT_ROWS, pd.DataFrame([{"study": "async_pp", "metric": "loss", "rel_difference": 0.03}])])
+    assert cross_host_rules(more)[("async_pp", "loss")] == pytest.approx(0.06)
 
 
-def test_same_host_is_compared_bit_for_bit():
-    committed = _rows("AMD EPYC", 0.3138)
+def test_same_host_type_is_compared_bit_for_bit():
+    committed = _rows(AVX512_HOST, 0.3138)
     rules = cross_host_rules(DRIFT_ROWS)
-    assert compare(committed, _rows("AMD EPYC", 0.3138), "AMD EPYC", rules)["verdict"].eq("ok").all()
-    out = compare(committed, _rows("AMD EPYC", 0.3138 + 1e-12), "AMD EPYC", rules).set_index("metric")
+    assert compare(committed, _rows(AVX512_HOST, 0.3138), rules)["verdict"].eq("ok").all()
+    out = compare(committed, _rows(AVX512_HOST, 0.3138 + 1e-12), rules).set_index("metric")
     assert out.loc["loss", "verdict"] == "MISMATCH" and out.loc["loss", "rule"] == "exact"
-    out = compare(committed, _rows("AMD EPYC", 0.3138, delta=0.031), "AMD EPYC", rules).set_index("metric")
+    assert out.loc["loss", "hosts"] == "same"
+    out = compare(committed, _rows(AVX512_HOST, 0.3138, delta=0.031), rules).set_index("metric")
     assert out.loc["delta", "verdict"] == "MISMATCH"  # "not comparable" exists only across hosts
 
 
-def test_another_host_gets_the_measured_rules():
-    committed = _rows("AMD EPYC", 0.3138)
+def test_two_records_that_differ_only_in_isa_are_cross_host():
+    """The round-4 case: both hosts read 'AMD EPYC', one dispatches to AVX2, the other to AVX-512."""
     rules = cross_host_rules(DRIFT_ROWS)
-    near = compare(committed, _rows("Intel Xeon", 0.3107), "Intel Xeon", rules).set_index("metric")
+    for other in (AVX512_HOST, {**AVX2_HOST, "cpu_capability": "AVX512"}, {**AVX2_HOST, "cpu_flags": "avx2 amx"},
+                  {**AVX2_HOST, "cpu_isa_limits": "ATEN_CPU_CAPABILITY=avx2"}):
+        out = compare(_rows(AVX2_HOST, 0.3138), _rows(other, 0.3150), rules).set_index("metric")
+        assert out.loc["loss", "hosts"] == "cross" and out.loc["loss", "rule"] == "rel<=0.02"
+        assert out.loc["loss", "verdict"] == "ok"  # 0.4% off, within the measured rule
+
+
+def test_a_committed_run_without_cpu_identity_is_another_host():
+    """Rows written before provenance had the CPU identity read 'unknown ISA' (or lack the columns): never exact."""
+    rules = cross_host_rules(DRIFT_ROWS)
+    for committed in (_rows(OLD_ROW, 0.3138), _rows({"cpu_model": "AMD EPYC"}, 0.3138)):
+        out = compare(committed, _rows(AVX2_HOST, 0.3150), rules).set_index("metric")
+        assert out.loc["loss", "hosts"] == "cross" and out.loc["loss", "verdict"] == "ok"
+
+
+def test_another_host_gets_the_measured_rules():
+    committed = _rows(AVX2_HOST, 0.3138)
+    rules = cross_host_rules(DRIFT_ROWS)
+    near = compare(committed, _rows(AVX512_HOST, 0.3107), rules).set_index("metric")
     assert near.loc["loss", "verdict"] == "ok" and near.loc["loss", "rule"] == "rel<=0.02"  # 1.0% off
-    far = compare(committed, _rows("Intel Xeon", 0.3250), "Intel Xeon", rules).set_index("metric")
+    far = compare(committed, _rows(AVX512_HOST, 0.3250), rules).set_index("metric")
     assert far.loc["loss", "verdict"] == "MISMATCH"  # 3.6% off
-    steps = compare(committed, _rows("Intel Xeon", 0.3138, steps=401), "Intel Xeon", rules).set_index("metric")
+    steps = compare(committed, _rows(AVX512_HOST, 0.3138, steps=401), rules).set_index("metric")
     assert steps.loc["steps", "verdict"] == "MISMATCH" and steps.loc["steps", "rule"] == "exact"
-    delta = compare(committed, _rows("Intel Xeon", 0.3138, delta=0.9), "Intel Xeon", rules).set_index("metric")
+    delta = compare(committed, _rows(AVX512_HOST, 0.3138, delta=0.9), rules).set_index("metric")
     assert delta.loc["delta", "verdict"] == "not comparable"
-    no_rule = compare(committed, _rows("Intel Xeon", 0.3138), "Intel Xeon", {}).set_index("metric")
+    no_rule = compare(committed, _rows(AVX512_HOST, 0.3138), {}).set_index("metric")
     assert no_rule.loc["loss", "rule"] == "exact" and no_rule.loc["loss", "verdict"] == "ok"
+    forced = compare(committed, _rows(AVX2_HOST, 0.3107), rules, force_cross_host=True).set_index("metric")
+    assert forced.loc["loss", "rule"] == "rel<=0.02"  # --cross-host: the rules on one host type too
 
 
-def test_the_committed_drift_measurement_gives_rules_for_every_study_it_saw():
-    rules = cross_host_rules(pd.read_csv(Path(__file__).resolve().parents[1] / DRIFT))
+def test_the_committed_drift_measurements_give_rules_for_every_study_they_saw():
+    drift = read_drift(Path(__file__).resolve().parents[1])
+    rules = cross_host_rules(drift)
     assert {s for s, _ in rules} == {"ds_audit", "sft_rl", "async_pp", "local"}
     assert rules[("async_pp", "plateau_delta")] is None  # a difference of two late losses: amplified drift
     assert 0 < rules[("async_pp", "final_val_loss")] <= 0.05
+    # the round-4 cross-ISA rerun (committed AVX2 host vs an AVX-512 host) is among them: local's bpb moved 0.66%
+    assert "drift_hosts_avx2_vs_avx512.csv" in set(drift["source"])
+    assert rules[("local", "val_bpb")] >= 2 * 0.0065
+
+
+def test_no_drift_measurement_is_an_error(tmp_path):
+    with pytest.raises(UserError, match="no drift_"):
+        read_drift(tmp_path)
 
 
 def test_a_missing_run_a_missing_metric_and_a_changed_status_are_mismatches():
-    committed = _rows("AMD EPYC", 0.3138)
-    gone = compare(committed, _rows("AMD EPYC", 0.3138).assign(run_id="other"), "AMD EPYC")
+    committed = _rows(AVX2_HOST, 0.3138)
+    gone = compare(committed, _rows(AVX2_HOST, 0.3138).assign(run_id="other"))
     assert gone["verdict"].tolist() == ["MISMATCH"]
-    no_metric = compare(committed, _rows("AMD EPYC", 0.3138).drop(columns="metric_loss"), "AMD EPYC")
+    no_metric = compare(committed, _rows(AVX2_HOST, 0.3138).drop(columns="metric_loss"))
     assert (no_metric.set_index("metric").loc["loss", "verdict"]) == "MISMATCH"
-    diverged = compare(committed, _rows("AMD EPYC", None, status="diverged"), "AMD EPYC").set_index("metric")
+    diverged = compare(committed, _rows(AVX2_HOST, None, status="diverged")).set_index("metric")
     assert diverged.loc["status", "verdict"] == "MISMATCH" and diverged.loc["loss", "verdict"] == "MISMATCH"
 
 
 def test_a_study_whose_committed_evidence_predates_its_registry_rows_is_not_sampled(tmp_path):
-    """Study B's rows are at evidence version 2 (lost compute); evidence without a version (1) comes from round 2's
-    design, whose cells today's code does not rerun: check-reference says so instead of reporting mismatches."""
+    """Study B's rows are at evidence version 2 or later (lost compute); evidence without a version (1) comes from
+    round 2's design, whose cells today's code does not rerun: check-reference says so instead of reporting
+    mismatches."""
+    from gradfidelity.claims.registry import load_registry
     from gradfidelity.reference import stale_studies
 
+    want = max(row["evidence_version"] for row in load_registry() if row["study"] == "async_pp")
+    assert want >= 2
     claims = tmp_path / "results" / "cpu" / "claims"
     claims.mkdir(parents=True)
     (claims / "async_pp.json").write_text(json.dumps({"study": "async_pp", "scale": "cpu", "values": {}}))
     (claims / "local.json").write_text(json.dumps({"study": "local", "scale": "cpu", "values": {}}))
     got = stale_studies(tmp_path, ("async_pp", "local"))
-    assert list(got) == ["async_pp"] and "evidence version 1" in got["async_pp"] and "at 2" in got["async_pp"]
-    (claims / "async_pp.json").write_text(json.dumps({"study": "async_pp", "scale": "cpu", "evidence_version": 2,
-                                                      "values": {}}))
+    assert list(got) == ["async_pp"] and "evidence version 1" in got["async_pp"] and f"at {want}" in got["async_pp"]
+    (claims / "async_pp.json").write_text(json.dumps({"study": "async_pp", "scale": "cpu",
+                                                      "evidence_version": want, "values": {}}))
     assert stale_studies(tmp_path, ("async_pp", "local")) == {}
+
+
+def test_the_round4_cross_isa_rerun_is_within_the_committed_rules():
+    """The real cross-ISA rerun (committed AVX2 host vs an AVX-512 host: 0.66% on local's bpb, 0.23% on a Muon
+    loss), replayed through compare(): every metric within its rule or not comparable, none outside (exit 0)."""
+    from gradfidelity.reference import exit_code, summary_line
+
+    root = Path(__file__).resolve().parents[1]
+    measured = pd.read_csv(root / "results/cpu/reference/drift_hosts_avx2_vs_avx512.csv")
+    committed, rerun = {}, {}
+    for r in measured.itertuples():
+        base = {"run_id": r.run, "study": r.study, "status": "ok"}
+        committed.setdefault(r.run, {**base, **OLD_ROW})[f"metric_{r.metric}"] = r.value_a
+        rerun.setdefault(r.run, {**base, **AVX512_HOST})[f"metric_{r.metric}"] = r.value_b
+    table = compare(pd.DataFrame(committed.values()), pd.DataFrame(rerun.values()), cross_host_rules(read_drift(root)))
+    assert exit_code(table, None) == 0
+    assert set(table["hosts"]) == {"cross"}
+    assert ", 0 outside their rule" in summary_line(table, None, {})

@@ -18,7 +18,7 @@ from gradfidelity.studies import STUDIES
 def _verify(args) -> int:
     from gradfidelity.claims.report import write_claims_report
 
-    write_claims_report(args.evidence, args.csv, args.md, args.scale)
+    write_claims_report(args.evidence, args.csv, args.md, args.scale, drift_verdicts=args.drift_verdicts)
     return 0
 
 
@@ -42,6 +42,11 @@ def _check_reference(args) -> int:
 
     from gradfidelity.reference import check_reference
 
+    if args.measure_drift:
+        from gradfidelity.reference_drift import measure_drift
+
+        return measure_drift(Path(args.repo), workdir=Path(args.workdir) if args.workdir else None,
+                             cores=args.cores, budget_s=args.budget_s, extra_config=tuple(args.config))
     return check_reference(Path(args.repo), workdir=Path(args.workdir) if args.workdir else None, cores=args.cores,
                            budget_s=args.budget_s, extra_config=tuple(args.config), cross_host=args.cross_host,
                            out=Path(args.out) if args.out else None)
@@ -92,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", required=True)
     p.add_argument("--md", required=True)
     p.add_argument("--scale", required=True)
+    p.add_argument("--drift-verdicts", nargs="*", default=[],
+                   help="results/<scale>/reference/verdicts_*.csv: verdicts recomputed under measured hardware drift")
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("runs-table", help="one row per run (seed, status, metrics, git sha, versions, CPU, threads)")
@@ -104,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--snakemake", default="snakemake", help="the snakemake executable")
     p.set_defaults(func=_unlock_stale)
 
-    p = sub.add_parser("check-reference", help="rerun a fixed stratified sample of the committed cpu runs and "
-                       "compare every training metric with the committed runs tables (exit 1 on a mismatch)")
+    p = sub.add_parser("check-reference", help="rerun a fixed stratified sample of the committed cpu runs, "
+                       "compare every training metric with the committed runs tables and recompute the sampled "
+                       "studies' verdicts (exit 0: all within their rules; 1: a metric outside its rule; 3: only "
+                       "verdicts flipped)")
     p.add_argument("--repo", default=".", help="the checkout whose committed results/cpu/runs/*.csv are checked")
     p.add_argument("--workdir", default=None,
                    help="where the scratch copy runs (default: a temporary folder, removed afterwards)")
@@ -114,8 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the sample's committed wall time (default: gradfidelity.reference.BUDGET_S)")
     p.add_argument("--config", nargs="*", default=[], help="extra snakemake --config items (key=value)")
     p.add_argument("--cross-host", action="store_true",
-                   help="apply the cross-host rules even on the recorded CPU model (to measure drift)")
-    p.add_argument("--out", default=None, help="also write the comparison table to this CSV")
+                   help="apply the cross-host rules even to a rerun on the committed runs' host type")
+    p.add_argument("--out", default=None, help="write the full comparison table to this CSV (the verdicts beside "
+                   "it, .verdicts.csv); stdout then shows only the metrics that are not bit for bit")
+    p.add_argument("--measure-drift", action="store_true",
+                   help="instead: rerun the sample with kernels at AVX2 and at this host's own ISA level and write "
+                   "results/cpu/reference/drift_<a>_vs_<b>.csv (needs a host above AVX2, e.g. AVX-512)")
     p.set_defaults(func=_check_reference)
 
     p = sub.add_parser("claim", help="one claim with everything behind it: evidence, verdict, runs, rebuild command")

@@ -18,83 +18,50 @@ The sample is chosen by a fixed rule, never by hand, from the committed tables a
 The rerun happens in a scratch copy of the checkout's tracked files (`--workdir`, default a temporary folder), so
 the user's own results/cpu is never touched. Each rerun run's row is made by the same `runs_table` function that
 made the committed row, and every `metric_*` column is compared:
-- exact (bit for bit) when this host's CPU model equals the one recorded in the committed row;
-- otherwise within a tolerance derived from a committed drift measurement (`DRIFT`, see `cross_host_rules`): the
-  same sample rerun with every kernel library of torch limited to AVX2 (ATEN_CPU_CAPABILITY=avx2,
-  MKL_ENABLE_INSTRUCTIONS=AVX2, DNNL_MAX_CPU_ISA=AVX2), which changes the floating-point reductions as another CPU
-  would. A metric that did not move there stays exact; one that moved gets twice its largest drift (at least
-  `MIN_REL`); one that moved by more than `MAX_REL` (an RL trajectory's token count, a selection, a difference of
-  two late losses) is "not comparable" across hosts: printed, counted, neither a pass nor a mismatch.
+- exact (bit for bit) when the rerun ran on the same host type as the committed run: the same CPU identity
+  (vendor, family/model/stepping, torch's dispatched ISA level, ISA flags and limits; `harness.provenance`). A
+  committed run recorded before provenance had it ("unknown ISA") counts as another host;
+- otherwise within a tolerance derived from the committed drift measurements (`DRIFT_DIR`/drift_*.csv, see
+  `cross_host_rules`): the sample rerun at two ISA levels (`check-reference --measure-drift`,
+  gradfidelity/reference_drift.py) or on two hosts whose ISA differs. A metric that did not move there stays
+  exact; one that moved gets twice its largest drift (at least `MIN_REL`); one that moved by more than `MAX_REL`
+  (an RL trajectory's token count, a selection, a difference of two late losses) is "not comparable" across
+  hosts: printed, counted, neither a pass nor a mismatch.
+
+Then the sampled studies' claims are recomputed with the rerun values in place of the committed ones for the
+sampled runs (gradfidelity/reference_verdicts.py), and each verdict is compared with the committed one. Exit code:
+0 every metric within its rule and no verdict flipped; 1 a metric outside its rule; 3 only verdicts flipped. The
+last line is one summary a reviewer can act on; `--out` gets the full table.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv
-from gradfidelity.harness.provenance import cpu_model
+from gradfidelity.harness.provenance import describe_host, host_type, same_host_type
 from gradfidelity.harness.results import runs_table
+from gradfidelity.reference_dag import Job, closures, parse_dry_run, snakemake
+
+__all__ = ["DRIFT_DIR", "MAX_REL", "MIN_REL", "Job", "check_reference", "closures", "compare", "cross_host_rules",
+           "exit_code", "parse_dry_run", "read_drift", "select", "summary_line"]
 
 SCALE = "cpu"
 STUDY_ORDER = ("ds_audit", "sft_rl", "async_pp", "local")
 OTHER_JOB_S = 10.0          # a job that is not a training run (data preparation, a selection, a table)
 BUDGET_S = 1500.0           # the sample's summed committed job time: about 13 min wall, two jobs at a time
-DRIFT = Path("results") / SCALE / "reference" / "drift_avx2.csv"  # (study, run, metric, ..., rel_difference)
+DRIFT_DIR = Path("results") / SCALE / "reference"  # drift_*.csv: (study, run, metric, ..., rel_difference)
 MIN_REL = 0.005   # the smallest cross-host tolerance of a metric that drifted at all
 MAX_REL = 0.25    # a metric whose tolerance would exceed this is not comparable across hosts
-
-
-@dataclass
-class Job:
-    rule: str
-    outputs: list[str]
-    inputs: list[str] = field(default_factory=list)
-
-
-def parse_dry_run(text: str) -> list[Job]:
-    """The jobs of a `snakemake -n` listing: rule, outputs and inputs of each."""
-    jobs, current = [], None
-    for line in text.splitlines():
-        m = re.match(r"^(?:local)?rule (\S+):$", line.strip())
-        if m:
-            current = Job(m[1], [])
-            jobs.append(current)
-        elif current is not None and line.startswith("    input: "):
-            current.inputs = [s.strip() for s in line[len("    input: "):].split(",")]
-        elif current is not None and line.startswith("    output: "):
-            current.outputs = [s.strip() for s in line[len("    output: "):].split(",")]
-    return jobs
-
-
-def closures(jobs: list[Job], targets: list[str]) -> dict[str, set[int]]:
-    """target path -> the indices of the jobs it needs (itself included)."""
-    producer = {out: i for i, job in enumerate(jobs) for out in job.outputs}
-    result = {}
-    for target in targets:
-        if target not in producer:
-            raise UserError(f"Snakemake plans no job that writes {target}: the committed runs table lists a run the "
-                            "workflow no longer makes")
-        seen, stack = set(), [producer[target]]
-        while stack:
-            i = stack.pop()
-            if i in seen:
-                continue
-            seen.add(i)
-            stack.extend(producer[p] for p in jobs[i].inputs if p in producer)
-        result[target] = seen
-    return result
 
 
 def _metrics_path(run_id: str) -> str:
@@ -159,45 +126,73 @@ def read_runs_table(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, float_precision="round_trip")
 
 
+def read_drift(repo: Path) -> pd.DataFrame:
+    """Every committed drift measurement (results/cpu/reference/drift_*.csv) in one table, each row with its file."""
+    paths = sorted((Path(repo) / DRIFT_DIR).glob("drift_*.csv"))
+    if not paths:
+        raise UserError(f"{Path(repo) / DRIFT_DIR} has no drift_*.csv: the committed drift measurements behind the "
+                        "cross-host rules are missing")
+    frames = []
+    for path in paths:
+        df = pd.read_csv(path)
+        missing = {"study", "metric", "rel_difference"} - set(df.columns)
+        if missing:
+            raise UserError(f"{path}: no column(s) {sorted(missing)}")
+        frames.append(df.assign(source=path.name))
+    return pd.concat(frames, ignore_index=True)
+
+
 def cross_host_rules(drift: pd.DataFrame) -> dict[tuple[str, str], float | None]:
     """(study, metric) -> relative tolerance across hosts (0: exact), or None: not comparable across hosts.
 
-    From the drift measurement: twice the largest relative drift of the metric in its study, at least MIN_REL;
-    above MAX_REL the metric is not comparable. A metric of a study the measurement did not see stays exact.
+    From the drift measurements: twice the largest relative drift of the metric in its study over every
+    measurement, at least MIN_REL; above MAX_REL the metric is not comparable. A metric of a study no measurement
+    saw stays exact.
     """
     rules = {}
     worst = drift.assign(rel=pd.to_numeric(drift["rel_difference"], errors="coerce")).groupby(
         ["study", "metric"])["rel"].max()
     for (study, metric), rel in worst.items():
         if pd.isna(rel):
-            raise UserError(f"{DRIFT}: no relative difference for {study}/{metric}")
+            raise UserError(f"{DRIFT_DIR}: no relative difference for {study}/{metric}")
         tol = 0.0 if rel == 0 else max(2 * float(rel), MIN_REL)
         rules[(study, metric)] = None if tol > MAX_REL else tol
     return rules
 
 
-def compare(committed: pd.DataFrame, rerun: pd.DataFrame, host_cpu: str | None,
-            rules: dict[tuple[str, str], float | None] | None = None) -> pd.DataFrame:
-    """One row per (run, metric): committed, rerun, difference (absolute and relative), the rule applied and the
-    verdict (ok, MISMATCH, or "not comparable" across hosts). `host_cpu=None` applies the cross-host rules to every
-    run (to measure drift on one host); a metric without a cross-host rule is compared exactly."""
+COLUMNS = ["run", "metric", "committed", "rerun", "difference", "rel_difference", "rule", "verdict", "hosts"]
+
+
+def compare(committed: pd.DataFrame, rerun: pd.DataFrame, rules: dict[tuple[str, str], float | None] | None = None,
+            force_cross_host: bool = False) -> pd.DataFrame:
+    """One row per (run, metric): committed, rerun, difference (absolute and relative), the rule applied, the
+    verdict (ok, MISMATCH, or "not comparable" across hosts) and whether the two runs ran on one host type.
+
+    A run is compared bit for bit only when its committed row and its rerun row carry the same CPU identity
+    (`harness.provenance.same_host_type`: vendor, family/model/stepping, torch's ISA level, ISA flags and limits);
+    a committed row without one ("unknown ISA", made before provenance recorded it) is another host. Across hosts
+    the measured rules apply (`cross_host_rules`; a metric without a rule is compared exactly).
+    `force_cross_host` applies them on one host type too (to measure drift)."""
     rules = rules or {}
     rows = []
     rerun = rerun.set_index("run_id")
     for rec in committed.itertuples(index=False):
         rec = rec._asdict()
         run = rec["run_id"]
-        exact = host_cpu is not None and rec["cpu_model"] == host_cpu
         metrics = sorted(k for k in rec if k.startswith("metric_") and not _missing(rec[k]))
         if run not in rerun.index:
             rows.append({"run": run, "metric": "(the run)", "committed": "ok", "rerun": "missing",
-                         "difference": "", "rel_difference": "", "rule": "", "verdict": "MISMATCH"})
+                         "difference": "", "rel_difference": "", "rule": "", "verdict": "MISMATCH", "hosts": ""})
             continue
         new = rerun.loc[run]
+        same = same_host_type(rec, new.to_dict())
+        hosts = "same" if same else "cross"
+        exact = same and not force_cross_host
         study = rec["study"]  # recorded by the harness in metrics.json (the drift table uses the same)
         if new["status"] != rec["status"]:
             rows.append({"run": run, "metric": "status", "committed": rec["status"], "rerun": new["status"],
-                         "difference": "", "rel_difference": "", "rule": "exact", "verdict": "MISMATCH"})
+                         "difference": "", "rel_difference": "", "rule": "exact", "verdict": "MISMATCH",
+                         "hosts": hosts})
         for key in metrics:
             a, b = rec[key], new.get(key)
             metric = key[len("metric_"):]
@@ -213,13 +208,46 @@ def compare(committed: pd.DataFrame, rerun: pd.DataFrame, host_cpu: str | None,
                 else:
                     verdict = "ok" if (diff == 0 if tol == 0 else rel <= tol) else "MISMATCH"
             rows.append({"run": run, "metric": metric, "committed": a, "rerun": b, "difference": diff,
-                         "rel_difference": rel, "rule": rule, "verdict": verdict})
-    return pd.DataFrame(rows, columns=["run", "metric", "committed", "rerun", "difference", "rel_difference", "rule",
-                                       "verdict"])
+                         "rel_difference": rel, "rule": rule, "verdict": verdict, "hosts": hosts})
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def exit_code(table: pd.DataFrame, verdicts: pd.DataFrame | None) -> int:
+    """0: every metric within its rule and no verdict flipped; 1: a metric outside its rule (whatever the verdicts);
+    3: every metric within its rule, yet a recomputed verdict differs from the committed one."""
+    if (table["verdict"] == "MISMATCH").any():
+        return 1
+    if verdicts is not None and len(verdicts) and not verdicts["unchanged"].astype(bool).all():
+        return 3
+    return 0
+
+
+def summary_line(table: pd.DataFrame, verdicts: pd.DataFrame | None, not_recomputed: dict[str, str]) -> str:
+    """The one line a reviewer acts on, e.g. '21 runs, 137 metrics: 105 bit for bit, 32 within cross-host drift
+    (largest 0.66%), 0 outside their rule, 0 not comparable; verdicts unchanged: 35 of 35'."""
+    diff = pd.to_numeric(table["difference"], errors="coerce")
+    rel = pd.to_numeric(table["rel_difference"], errors="coerce")
+    ok = table["verdict"] == "ok"
+    same = ok & (diff == 0)
+    drifted = ok & (diff != 0)
+    outside = table["verdict"] == "MISMATCH"
+    largest = f" (largest {100 * rel[drifted].max():.2g}%)" if drifted.any() else ""
+    parts = [f"{table['run'].nunique()} runs, {len(table)} metrics: {int(same.sum())} bit for bit, "
+             f"{int(drifted.sum())} within cross-host drift{largest}, {int(outside.sum())} outside their rule"]
+    skipped = int((table["verdict"] == "not comparable").sum())
+    if skipped:
+        parts[0] += f", {skipped} not comparable across hosts"
+    if verdicts is not None and len(verdicts):
+        flipped = verdicts[~verdicts["unchanged"].astype(bool)]
+        parts.append(f"verdicts unchanged: {len(verdicts) - len(flipped)} of {len(verdicts)}"
+                     + (f" (flipped: {', '.join(flipped['id'])})" if len(flipped) else ""))
+    if not_recomputed:
+        parts.append(f"verdicts not recomputed for {', '.join(sorted(not_recomputed))} (reason above)")
+    return "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------------------------- run it
@@ -233,11 +261,6 @@ def _scratch_copy(repo: Path, work: Path) -> None:
             shutil.copy2(src, work / rel)
     for sub in ("results/cpu/runs", "results/cpu/claims", "results/cpu/bench"):
         shutil.rmtree(work / sub, ignore_errors=True)  # the committed outputs are what we compare against
-
-
-def _snakemake(work: Path, args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", *args]
-    return subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout)
 
 
 def stale_studies(repo: Path, studies: tuple[str, ...]) -> dict[str, str]:
@@ -261,80 +284,119 @@ def stale_studies(repo: Path, studies: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, budget_s: float | None = None,
-                    studies: tuple[str, ...] = STUDY_ORDER, extra_config: tuple[str, ...] = (),
-                    cross_host: bool = False, out: Path | None = None) -> int:
-    repo = Path(repo).resolve()
-    budget_s = BUDGET_S if budget_s is None else budget_s
+def committed_tables(repo: Path, studies: tuple[str, ...]) -> dict[str, pd.DataFrame]:
+    """study -> its committed runs table, for the studies whose committed runs today's code reruns."""
     stale = stale_studies(repo, studies)
     for study, why in stale.items():
         print(f"check-reference: {study} is not sampled: {why}", flush=True)
-    studies = tuple(s for s in studies if s not in stale)
     tables = {}
-    for study in studies:
+    for study in (s for s in studies if s not in stale):
         path = repo / "results" / SCALE / "runs" / f"{study}.csv"
         if not path.is_file():
             raise UserError(f"{path} is missing: the committed reference results are not in this checkout")
         tables[study] = read_runs_table(path)
+    return tables
+
+
+def plan_sample(repo: Path, work: Path, tables: dict[str, pd.DataFrame], budget_s: float,
+                extra_config: tuple[str, ...]) -> list[str]:
+    """The fixed sample's run ids (module docstring), from one dry run per study in the scratch copy `work`."""
+    _scratch_copy(repo, work)
+    plans = {}
+    for study, df in tables.items():
+        ok = df[df["status"] == "ok"]
+        targets = [_metrics_path(r) for r in ok.loc[ok["seed"] == ok["seed"].min(), "run_id"]]
+        res = snakemake(work, ["-n", "--forceall", *targets, "--config", f"scale={SCALE}", *extra_config],
+                        timeout=600)
+        if res.returncode != 0:
+            raise UserError(f"the dry run of {study}'s reference cells failed:\n{res.stderr[-2000:]}")
+        plans[study] = parse_dry_run(res.stdout)
+    return select(tables, plans, budget_s)
+
+
+def rerun_sample(work: Path, sample: list[str], cores: int, extra_config: tuple[str, ...],
+                 env: dict | None = None) -> pd.DataFrame:
+    """Rerun the sample's runs (and their upstream jobs) in the scratch copy `work`; their runs table, each row
+    made by the same `runs_table` that made the committed rows (the CPU identity read in the training process)."""
+    res = snakemake(work, [f"-c{cores}", *[_metrics_path(r) for r in sample], "--config", f"scale={SCALE}",
+                           *extra_config], timeout=3600, env=env)
+    if res.returncode != 0:
+        raise UserError(f"the rerun failed; the scratch copy is kept in {work} (job logs under "
+                        f"results/cpu/*/logs):\n{res.stderr[-3000:]}")
+    rerun = runs_table([work / _metrics_path(r) for r in sample], SCALE)
+    rerun["run_id"] = list(sample)  # the committed tables name runs relative to the checkout
+    return rerun
+
+
+def hosts_line(committed: pd.DataFrame, rerun: pd.DataFrame) -> str:
+    """'rerun on: ...; committed on: ...' with every distinct CPU identity (an old row: 'unknown ISA (AMD EPYC)')."""
+    def names(df):
+        out = set()
+        for row in df.to_dict("records"):
+            name = describe_host(row)
+            out.add(name if host_type(row) else f"{name} ({row.get('cpu_model')})")
+        return "; ".join(sorted(out))
+    return f"rerun on: {names(rerun)}. committed on: {names(committed)}"
+
+
+def _print_tables(table: pd.DataFrame, verdicts: pd.DataFrame | None, full: bool) -> None:
+    shown = table.assign(run=table["run"].str.removeprefix(f"results/{SCALE}/"))
+    if not full:  # the full table went to --out: here only what is not bit for bit
+        diff = pd.to_numeric(shown["difference"], errors="coerce")
+        shown = shown[(shown["verdict"] != "ok") | (diff != 0)]
+    with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_colwidth", 120):
+        which = "every metric" if full else "the metrics that are not bit for bit"
+        print(f"(run ids below are relative to results/{SCALE}/; {which})")
+        print(shown.to_string(index=False) if len(shown) else "(none)")
+        if verdicts is not None and len(verdicts):
+            print("claims recomputed with the rerun values in place of the committed ones for the sampled runs:")
+            print(verdicts.to_string(index=False))
+
+
+def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, budget_s: float | None = None,
+                    studies: tuple[str, ...] = STUDY_ORDER, extra_config: tuple[str, ...] = (),
+                    cross_host: bool = False, out: Path | None = None, recompute_verdicts: bool = True) -> int:
+    """Rerun the fixed sample, compare every metric, recompute the sampled studies' verdicts; print the tables and
+    the summary line; exit code per `exit_code`. With `out`: the full comparison there, the verdicts beside it."""
+    from gradfidelity.reference_verdicts import recompute_all
+
+    repo = Path(repo).resolve()
+    budget_s = BUDGET_S if budget_s is None else budget_s
+    tables = committed_tables(repo, studies)
+    rules = cross_host_rules(read_drift(repo))
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="gf-check-reference-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     # the copy has no venvs: the DeepSpeed 0.18.9 overlay is the checkout's (as for the smoke DAG test)
     extra_config = (f"deepspeed_buggy_overlay={repo / '.venv-ds0189'}", *extra_config)
-    passed = False
+    code = None
     try:
-        _scratch_copy(repo, work)
         t0 = time.monotonic()
-        plans = {}
-        for study, df in tables.items():
-            ok = df[df["status"] == "ok"]
-            targets = [_metrics_path(r) for r in ok.loc[ok["seed"] == ok["seed"].min(), "run_id"]]
-            res = _snakemake(work, ["-n", "--forceall", *targets, "--config", f"scale={SCALE}", *extra_config],
-                             timeout=600)
-            if res.returncode != 0:
-                raise UserError(f"the dry run of {study}'s reference cells failed:\n{res.stderr[-2000:]}")
-            plans[study] = parse_dry_run(res.stdout)
-        sample = select(tables, plans, budget_s)
+        sample = plan_sample(repo, work, tables, budget_s, extra_config)
         committed = pd.concat([df[df["run_id"].isin(sample)] for df in tables.values()], ignore_index=True)
-        est = committed["wall_s"].sum()
         print(f"check-reference: {len(sample)} committed cpu runs (of {sum(len(t) for t in tables.values())}), "
-              f"chosen by the fixed rule in gradfidelity/reference.py; their own committed wall time {est:.0f} s; "
-              f"rerunning in {work}", flush=True)
+              f"chosen by the fixed rule in gradfidelity/reference.py; their own committed wall time "
+              f"{committed['wall_s'].sum():.0f} s; rerunning in {work}", flush=True)
         for run in sample:
             print(f"  {run}", flush=True)
-        res = _snakemake(work, [f"-c{cores}", *[_metrics_path(r) for r in sample], "--config", f"scale={SCALE}",
-                                *extra_config], timeout=3600)
-        if res.returncode != 0:
-            raise UserError(f"the rerun failed; the scratch copy is kept in {work} (job logs under "
-                            f"results/cpu/*/logs):\n{res.stderr[-3000:]}")
-        rerun = runs_table([work / _metrics_path(r) for r in sample], SCALE)
-        rerun["run_id"] = list(sample)  # the committed tables name runs relative to the checkout
-        host = cpu_model()
-        drift_path = repo / DRIFT
-        if not drift_path.is_file():
-            raise UserError(f"{drift_path} is missing: the committed drift measurement behind the cross-host rules")
-        table = compare(committed, rerun, None if cross_host else host, cross_host_rules(pd.read_csv(drift_path)))
-        recorded = sorted(set(committed["cpu_model"]))
-        mode = ("exact (bit for bit)" if recorded == [host] and not cross_host
-                else f"cross-host rules from {DRIFT}")
-        shown = table.assign(run=table["run"].str.removeprefix(f"results/{SCALE}/"))
-        with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_colwidth", 120):
-            print(f"(run ids below are relative to results/{SCALE}/)")
-            print(shown.to_string(index=False))
-        bad = table[table["verdict"] == "MISMATCH"]
-        skipped = table[table["verdict"] == "not comparable"]
+        rerun = rerun_sample(work, sample, cores, extra_config)
+        table = compare(committed, rerun, rules, force_cross_host=cross_host)
+        verdicts, not_recomputed = (recompute_all(repo, work, tables, sample, cores, extra_config)
+                                    if recompute_verdicts else (None, {}))
+        for study, why in not_recomputed.items():
+            print(f"check-reference: {study}'s verdicts are not recomputed: {why}", flush=True)
         if out is not None:
             atomic_write_csv(table, out)
-        rel = pd.to_numeric(table["rel_difference"], errors="coerce")
-        print(f"largest relative difference: {rel.max():.3g}")
-        print(f"host CPU: {host!r}; recorded: {', '.join(map(repr, recorded))}; comparison: {mode}; "
-              f"{len(table)} metrics of {len(sample)} runs, {len(bad)} mismatched, {len(skipped)} not comparable "
-              "across hosts; "
-              f"{time.monotonic() - t0:.0f} s")
-        passed = not len(bad)
-        if not passed:
+            if verdicts is not None:
+                atomic_write_csv(verdicts, Path(out).with_suffix(".verdicts.csv"))
+        _print_tables(table, verdicts, full=out is None)
+        print(f"{hosts_line(committed, rerun)}. Cross-host rules from {DRIFT_DIR}/drift_*.csv; "
+              f"{time.monotonic() - t0:.0f} s" + (f"; full table: {out}" if out is not None else ""))
+        print(f"check-reference: {summary_line(table, verdicts, not_recomputed)}")
+        code = exit_code(table, verdicts)
+        if code:
             print(f"the scratch copy is kept for inspection: {work}")
-        return 0 if passed else 1
+        return code
     finally:
-        if own and passed:
+        if own and code == 0:
             shutil.rmtree(work, ignore_errors=True)

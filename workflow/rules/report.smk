@@ -1,7 +1,12 @@
+import glob
+
 # The end of the DAG: every claim's verdict, computed from the studies' evidence files, and one runs table per
 # study (seed, status, metrics, git sha, versions, CPU, threads of every run), committed with the cpu scale.
 RUNS_TABLES = expand(f"{RESULTS}/runs/{{study}}.csv", study=STUDIES)
 REPORT_SUMMARY = f"{RESULTS}/report/summary.rst"
+# Verdicts recomputed under measured hardware drift (check-reference --measure-drift), committed with the cpu
+# scale: the claims report flags a claim whose verdict flips there. None at a scale without them.
+DRIFT_VERDICTS = sorted(glob.glob(f"{RESULTS}/reference/verdicts_*.csv"))
 
 
 rule runs_table:
@@ -70,6 +75,7 @@ rule report_summary:
 rule verify:
     input:
         evidence=CLAIM_EVIDENCE,
+        drift_verdicts=DRIFT_VERDICTS,
     output:
         csv=f"{TABLES}/claims.csv",
         md=report(f"{TABLES}/claims.md", category="Claims"),
@@ -84,4 +90,5 @@ rule verify:
     resources:
         **rule_resources("verify"),
     shell:
-        "{params.gf} verify --evidence {input.evidence} --csv {output.csv} --md {output.md} --scale {params.scale} > {log} 2>&1"
+        "{params.gf} verify --evidence {input.evidence} --drift-verdicts {input.drift_verdicts} --csv {output.csv}"
+        " --md {output.md} --scale {params.scale} > {log} 2>&1"

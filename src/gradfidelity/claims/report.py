@@ -1,15 +1,23 @@
 """The claims report: for every registry row, the estimate, its interval, n against min_n, the gates and the verdict
-computed from them (claims/verify.py)."""
+computed from them (claims/verify.py), and whether the verdict survives hardware drift where that was measured.
+
+Hardware drift: `gradfidelity check-reference --measure-drift` reruns a fixed sample at two ISA levels and, where
+the runs tables can rebuild their run records, recomputes the claims with each level's values in place of the
+committed ones (results/<scale>/reference/verdicts_*.csv). A claim whose recomputed verdict differs is "fragile:
+flips within hardware drift", shown with both verdicts and values; that is information for the reader, not a
+failure. Nothing here judges drift itself: the flag is read from the measurement, never written by hand."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 
 from gradfidelity.claims.registry import load_registry
 from gradfidelity.claims.verdict import ARITHMETIC_BAD, ARITHMETIC_OK, MEASURED_VERDICTS
 from gradfidelity.claims.verify import load_evidence, verify
+from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
 from gradfidelity.tables import markdown
 
@@ -31,6 +39,12 @@ def interval_text(row) -> str:
     return f"[{_num(row['low'])}, {_num(row['high'])}] {round(100 * row['level']):d}%"
 
 
+def value_text(row) -> str:
+    """'1.342 [0.98, 1.7] 95%', '0.0995 exact', or 'no value': a claim's number as one cell."""
+    text = f"{_num(row['estimate'])} {interval_text(row)}".strip()
+    return text or "no value"
+
+
 def counts_line(df: pd.DataFrame) -> str:
     counts = df["verdict"].value_counts()
     measured = df[df["evidence"] == "measured"]
@@ -40,14 +54,65 @@ def counts_line(df: pd.DataFrame) -> str:
             + (f"; {', '.join(arith)} (recomputations of the papers' own numbers, not reproductions)" if arith else ""))
 
 
-def write_claims_report(evidence_paths, csv_path, md_path, scale: str) -> pd.DataFrame:
+FRAGILE = "fragile: flips within hardware drift"
+DRIFT_COLUMNS = {"id", "committed", "rerun", "unchanged", "committed_value", "rerun_value", "values", "source"}
+
+
+def read_drift_verdicts(paths) -> pd.DataFrame:
+    """The verdict recomputes of every drift measurement given (verdicts_*.csv), in one table."""
+    frames = []
+    for path in paths:
+        df = pd.read_csv(path)
+        missing = DRIFT_COLUMNS - set(df.columns)
+        if missing:
+            raise UserError(f"{path}: no column(s) {sorted(missing)}: not a verdicts file of check-reference "
+                            "--measure-drift")
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=sorted(DRIFT_COLUMNS))
+
+
+def drift_flags(verdicts: pd.DataFrame) -> dict[str, str]:
+    """claim id -> 'fragile: flips within hardware drift: A -> B (values ...)' or 'unchanged under ...', for every
+    claim some measurement recomputed; a claim none recomputed is absent (not measured, never "stable")."""
+    out = {}
+    for cid, rows in verdicts.groupby("id", sort=False):
+        flips = rows[~rows["unchanged"].astype(bool)]
+        if len(flips):
+            out[cid] = FRAGILE + ": " + "; ".join(
+                f"{r.committed} -> {r.rerun} ({r.committed_value} -> {r.rerun_value}, {r.values}, {r.source})"
+                for r in flips.itertuples())
+        else:
+            out[cid] = "unchanged under " + ", ".join(sorted({f"{r.values} ({r.source})" for r in rows.itertuples()}))
+    return out
+
+
+def drift_note(df: pd.DataFrame, flags: dict[str, str], scale: str) -> str:
+    if not flags:
+        return (f"Hardware drift: no verdict has been recomputed under measured hardware drift yet (results/{scale}/"
+                "reference/verdicts_*.csv, written by `gradfidelity check-reference --measure-drift` where the runs "
+                "tables can rebuild their run records), so this report cannot say which verdicts survive another "
+                "CPU's rounding; the metrics' own drift is in results/" + scale + "/reference/drift_*.csv.")
+    fragile = [cid for cid in df["id"] if flags.get(cid, "").startswith(FRAGILE)]
+    return (f"Hardware drift: {len(flags)} claims recomputed with the sampled runs' values rerun at another ISA "
+            f"level; {len(fragile)} {FRAGILE}" + (f" ({', '.join(fragile)})" if fragile else "")
+            + f"; {len(df) - len(flags)} not recomputed (column 'under hardware drift': empty).")
+
+
+def write_claims_report(evidence_paths, csv_path, md_path, scale: str, drift_verdicts=()) -> pd.DataFrame:
     df = verify(load_registry(), load_evidence(evidence_paths, scale), scale)
+    flags = drift_flags(read_drift_verdicts([Path(p) for p in drift_verdicts]))
+    unknown = sorted(set(flags) - set(df["id"]))
+    if unknown:
+        raise UserError(f"drift verdicts name claims the registry does not have: {unknown}")
+    df["hardware_drift"] = [flags.get(cid, "") for cid in df["id"]]
     shown = pd.DataFrame({
         "id": df["id"], "claim": df["statement"], "paper": df["paper_value"], "check": df["check"],
         "estimate": df["estimate"].map(_num), "interval": df.apply(interval_text, axis=1),
         "n / min_n": [f"{'' if pd.isna(n) else int(n)} / {m}" for n, m in zip(df["n"], df["min_n"], strict=True)],
         "gates": df["gates"], "verdict": df["verdict"], "why this verdict": df["reason"], "detail": df["detail"],
     })
+    if flags:
+        shown.insert(shown.columns.get_loc("why this verdict"), "under hardware drift", df["hardware_drift"])
     diverged = df[df["diverged"] > 0]
     notes = [
         f"Scale: {scale}. {counts_line(df)}.",
@@ -60,6 +125,7 @@ def write_claims_report(evidence_paths, csv_path, md_path, scale: str) -> pd.Dat
         "n = the independent units behind the estimate (paired seeds; rows of a deterministic probe for exact "
         "values). Intervals are two-sided t intervals over paired seeds at the registry's level.",
     ]
+    notes.append(drift_note(df, flags, scale))
     if len(diverged):
         notes.append("Diverged runs left out of a pairing: " + ", ".join(
             f"{r.id} ({int(r.diverged)})" for r in diverged.itertuples()) + ".")

@@ -11,12 +11,16 @@ import pandas as pd
 
 from gradfidelity.claims.report import counts_line
 from gradfidelity.harness.io import atomic_write_text
+from gradfidelity.harness.provenance import UNKNOWN_ISA
 from gradfidelity.studies import STUDIES
 
 
-def _distinct(frames: list[pd.DataFrame], column: str) -> str:
-    values = sorted({str(v) for df in frames if column in df for v in df[column].dropna().unique()})
-    return ", ".join(values) if values else "unknown"
+def _distinct(frames: list[pd.DataFrame], column: str, unknown: str = "unknown") -> str:
+    """Every value of `column` over the tables; `unknown` for a table (or rows) without it."""
+    values = {str(v) for df in frames if column in df for v in df[column].dropna().unique()}
+    if any(column not in df or df[column].isna().any() for df in frames):
+        values.add(unknown)
+    return ", ".join(sorted(values)) if values else unknown
 
 
 def write_summary(claims_csv, figure_png, runs_csvs, out_rst, scale: str) -> None:
@@ -30,7 +34,8 @@ def write_summary(claims_csv, figure_png, runs_csvs, out_rst, scale: str) -> Non
         f"**Scale** {scale}. **Runs** {sum(len(df) for df in runs)} "
         f"({sum(int((df['status'] == 'diverged').sum()) for df in runs if 'status' in df)} diverged). "
         f"**Git sha** {_distinct(runs, 'git_sha')}{' (with uncommitted changes)' if dirty else ''}. "
-        f"**Machine** {_distinct(runs, 'cpu_model')}, {_distinct(runs, 'cpu_count')} cores.",
+        f"**Machine** {_distinct(runs, 'cpu_model')} (torch kernels: "
+        f"{_distinct(runs, 'cpu_capability', UNKNOWN_ISA)}), {_distinct(runs, 'cpu_count')} cores.",
         "",
         f"**Verdicts** {counts_line(claims)}.",
         "",

@@ -7,6 +7,7 @@ A run made at another scale than the one being aggregated is refused: stale resu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pandas as pd
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import read_json
+from gradfidelity.harness.provenance import IDENTITY_KEYS, UNKNOWN_ISA
 
 STATUSES = ("ok", "diverged")
 
@@ -94,17 +96,23 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
 
     This is the per-study `runs.csv` committed with the cpu scale's reference results: every number in a paper
     table can be traced to a run, the git sha that produced it, its package versions, CPU and thread settings.
+    The CPU identity columns (`harness.provenance.IDENTITY_KEYS`) decide which reruns check-reference compares bit
+    for bit; a run recorded before provenance had them reads "unknown ISA" there. `metrics_json` is the run's
+    metrics.json itself (cell, histories and timing included), so that the table alone can rebuild the run
+    records an aggregation reads (check-reference recomputes claims from it; `records_from_runs_table`).
     """
     rows = []
     for record in load_run_records(paths, scale):
         prov = read_provenance(record)
+        machine = prov.get("machine") or {}
         metrics = record["metrics"] if record["status"] == "ok" else {}
         row = {"run_id": record["run_dir"], "study": record.get("study"), "scale": record.get("scale"),
                "seed": record.get("seed"), "status": record["status"],
                "git_sha": prov.get("git_sha"), "git_dirty": prov.get("git_dirty"),
                "git_dirty_files": " ".join(prov.get("git_dirty_files") or []),
-               "cpu_model": (prov.get("machine") or {}).get("cpu_model"),
-               "cpu_count": (prov.get("machine") or {}).get("cpu_count"),
+               "cpu_model": machine.get("cpu_model"),
+               **{key: machine.get(key, UNKNOWN_ISA) for key in IDENTITY_KEYS},
+               "cpu_count": machine.get("cpu_count"),
                "torch_num_threads": (prov.get("threads") or {}).get("torch_num_threads"),
                "omp_num_threads": (prov.get("threads") or {}).get("OMP_NUM_THREADS"),
                "wall_s": (record.get("timing") or {}).get("wall_s"),
@@ -115,5 +123,32 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
         if record["status"] == "diverged":
             row["metric_diverged_at_step"] = record["metrics"].get("diverged_at_step")
+        row["metrics_json"] = json.dumps({k: v for k, v in record.items() if k not in ("path", "run_dir")},
+                                         sort_keys=True, separators=(",", ":"))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def records_from_runs_table(table: pd.DataFrame, root: str | Path) -> list[Path]:
+    """Rebuild each row's run directory under `root` (`<root>/<run_id>/metrics.json` and a provenance.json with the
+    row's seed, status and machine), from its `metrics_json`: the run records an aggregation reads, for a checkout
+    that has the committed runs tables but not the run directories. A table written before runs tables carried
+    `metrics_json` cannot: refused, naming the rows' study, rather than rebuilt from its scalar columns (a
+    history, a curve or a timing would be missing and an aggregation would compute something else)."""
+    if "metrics_json" not in table.columns or table["metrics_json"].isna().any():
+        studies = sorted({str(s) for s in table.get("study", pd.Series(["?"])).dropna()})
+        raise UserError(f"the runs table of {', '.join(studies) or '?'} has no metrics_json for every run: it was "
+                        "written before runs tables kept each run's metrics.json, so its run records cannot be "
+                        "rebuilt (the study's next run of this scale writes it)")
+    written = []
+    for row in table.itertuples(index=False):
+        record = json.loads(row.metrics_json)
+        run_dir = Path(root) / row.run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        machine = {key: getattr(row, key, UNKNOWN_ISA) for key in ("cpu_model", *IDENTITY_KEYS)}
+        (run_dir / "metrics.json").write_text(json.dumps(record))
+        (run_dir / "provenance.json").write_text(json.dumps(
+            {"seed": record.get("seed"), "status": record.get("status"), "scale": record.get("scale"),
+             "machine": machine, "rebuilt_from": "runs table metrics_json"}, default=str))
+        written.append(run_dir / "metrics.json")
+    return written

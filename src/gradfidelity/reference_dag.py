@@ -1,0 +1,66 @@
+"""What check-reference needs from Snakemake: a dry run's jobs (rule, outputs, inputs), the jobs a target needs,
+and one way to call Snakemake in a scratch copy of the checkout."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gradfidelity.errors import UserError
+
+
+@dataclass
+class Job:
+    rule: str
+    outputs: list[str]
+    inputs: list[str] = field(default_factory=list)
+
+
+def parse_dry_run(text: str) -> list[Job]:
+    """The jobs of a `snakemake -n` listing: rule, outputs and inputs of each."""
+    jobs, current = [], None
+    for line in text.splitlines():
+        m = re.match(r"^(?:local)?rule (\S+):$", line.strip())
+        if m:
+            current = Job(m[1], [])
+            jobs.append(current)
+        elif current is not None and line.startswith("    input: "):
+            current.inputs = [s.strip() for s in line[len("    input: "):].split(",")]
+        elif current is not None and line.startswith("    output: "):
+            current.outputs = [s.strip() for s in line[len("    output: "):].split(",")]
+    return jobs
+
+
+def closures(jobs: list[Job], targets: list[str]) -> dict[str, set[int]]:
+    """target path -> the indices of the jobs it needs (itself included)."""
+    producer = {out: i for i, job in enumerate(jobs) for out in job.outputs}
+    result = {}
+    for target in targets:
+        if target not in producer:
+            raise UserError(f"Snakemake plans no job that writes {target}: the committed runs table lists a run the "
+                            "workflow no longer makes")
+        seen, stack = set(), [producer[target]]
+        while stack:
+            i = stack.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            stack.extend(producer[p] for p in jobs[i].inputs if p in producer)
+        result[target] = seen
+    return result
+
+
+def is_training_output(path: str) -> bool:
+    return path.endswith("/metrics.json")
+
+
+def snakemake(work: Path, args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m snakemake ARGS` in `work`; `env` replaces the environment (jobs inherit it: an ISA limit set here
+    reaches every training process)."""
+    cmd = [sys.executable, "-m", "snakemake", *args]
+    return subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ) if env is None else env)

@@ -1,0 +1,69 @@
+"""The claims report's hardware-drift column: read from verdicts recomputed under a measured drift, never written by
+hand; a claim that flips says so with both verdicts and values, one none recomputed is left blank, not 'stable'."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from gradfidelity.claims import evidence as ev
+from gradfidelity.claims.report import FRAGILE, drift_flags, read_drift_verdicts, write_claims_report
+from gradfidelity.errors import UserError
+
+
+def _verdicts(rows):
+    base = {"study": "ds_audit", "committed_value": "0 exact", "rerun_value": "0 exact",
+            "values": "rerun at AVX2", "source": "drift_avx2_vs_avx512.csv"}
+    return pd.DataFrame([{**base, **r} for r in rows])
+
+
+def test_a_flip_is_fragile_with_its_numbers_and_no_flip_is_unchanged():
+    flags = drift_flags(_verdicts([
+        {"id": "C4", "committed": "inconclusive", "rerun": "reproduced", "unchanged": False,
+         "committed_value": "1.342 [-0.1, 1.342]", "rerun_value": "0.98 [-0.2, 0.98]"},
+        {"id": "C4", "committed": "inconclusive", "rerun": "inconclusive", "unchanged": True,
+         "values": "rerun at AVX512"},
+        {"id": "A2", "committed": "reproduced", "rerun": "reproduced", "unchanged": True}]))
+    assert flags["C4"] == (f"{FRAGILE}: inconclusive -> reproduced (1.342 [-0.1, 1.342] -> 0.98 [-0.2, 0.98], "
+                           "rerun at AVX2, drift_avx2_vs_avx512.csv)")
+    assert flags["A2"] == "unchanged under rerun at AVX2 (drift_avx2_vs_avx512.csv)"
+    assert "B1" not in flags  # not recomputed: absent, never "stable"
+
+
+def _evidence(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"study": "ds_audit", "scale": "cpu", "values": {"A2": ev.exact(0.0, n=4)}}))
+    return path
+
+
+def test_the_report_shows_a_flip_as_a_column_and_a_note(tmp_path):
+    vpath = tmp_path / "verdicts_avx2_vs_avx512.csv"
+    _verdicts([{"id": "A2", "committed": "reproduced", "rerun": "not reproduced", "unchanged": False,
+                "rerun_value": "0.01 exact"}]).to_csv(vpath, index=False)
+    df = write_claims_report([_evidence(tmp_path)], tmp_path / "c.csv", tmp_path / "c.md", "cpu",
+                             drift_verdicts=[vpath])
+    md = (tmp_path / "c.md").read_text()
+    assert "under hardware drift" in md and f"{FRAGILE}: reproduced -> not reproduced (0 exact -> 0.01 exact" in md
+    assert f"1 claims recomputed with the sampled runs' values rerun at another ISA level; 1 {FRAGILE} (A2)" in md
+    assert df.set_index("id").loc["A2", "verdict"] == "reproduced"  # information for the reader, not a new verdict
+    assert pd.read_csv(tmp_path / "c.csv").set_index("id").loc["A2", "hardware_drift"].startswith(FRAGILE)
+
+
+def test_without_a_measurement_the_report_says_it_cannot_tell(tmp_path):
+    write_claims_report([_evidence(tmp_path)], tmp_path / "c.csv", tmp_path / "c.md", "cpu")
+    md = (tmp_path / "c.md").read_text()
+    assert "no verdict has been recomputed under measured hardware drift yet" in md
+    assert "under hardware drift |" not in md and FRAGILE not in md
+
+
+def test_a_verdicts_file_of_another_shape_or_another_registry_is_refused(tmp_path):
+    bad = tmp_path / "verdicts_bad.csv"
+    pd.DataFrame([{"id": "A2", "verdict": "reproduced"}]).to_csv(bad, index=False)
+    with pytest.raises(UserError, match="not a verdicts file"):
+        read_drift_verdicts([bad])
+    unknown = tmp_path / "verdicts_unknown.csv"
+    _verdicts([{"id": "Z9", "committed": "reproduced", "rerun": "reproduced", "unchanged": True}]).to_csv(
+        unknown, index=False)
+    with pytest.raises(UserError, match="Z9"):
+        write_claims_report([_evidence(tmp_path)], tmp_path / "c.csv", tmp_path / "c.md", "cpu",
+                            drift_verdicts=[unknown])
