@@ -26,6 +26,23 @@ def choose(scores: dict[float, float], *, higher_is_better: bool, what: str) -> 
     return min(x for x, v in finite.items() if v == best)
 
 
+def near_tie(scores: dict[float, float], sd: float, *, higher_is_better: bool, what: str) -> tuple[float, bool]:
+    """(the chosen point, whether a near-tie moved it): the best point (`choose`), unless the next smaller finite
+    point scores within `sd` of it (the seed-to-seed sd, known before the run: on one selection seed a difference
+    below it is noise), in which case that smaller, safer point is taken. One step only: the rule settles a near-tie
+    between neighbours; it never walks down the grid. sd 0 is `choose` exactly (equal scores already go to the
+    smaller point)."""
+    best = choose(scores, higher_is_better=higher_is_better, what=what)
+    if sd < 0 or not math.isfinite(sd):
+        raise UserError(f"{what} LR selection: the near-tie sd {sd!r} must be finite and >= 0")
+    below = [x for x, v in scores.items() if x < best and math.isfinite(v)]
+    if not below or sd == 0:
+        return best, False
+    lower = max(below)
+    worse_by = (scores[best] - scores[lower]) if higher_is_better else (scores[lower] - scores[best])
+    return (lower, True) if worse_by <= sd else (best, False)
+
+
 def extension(scores: dict[float, float], factor: float, *, higher_is_better: bool, what: str) -> list[float]:
     """The points to add so that the chosen one is bracketed: none when the winner has a grid point on both sides (a
     diverged neighbour counts: it is worse), else one point `factor` past the winning edge. Applied round after

@@ -155,7 +155,9 @@ def test_the_estimates_are_the_worlds_numbers():
     lost = lambda opt: np.array([(1 - HOLDS["f"][opt]) * _noise(opt, s) for s in range(3)])  # noqa: E731
     assert values["B2"]["estimate"] == pytest.approx(lost("muon").mean())
     assert values["B1-abs"]["estimate"] == pytest.approx(lost("adamw").mean())
-    assert values["B1"]["parts"]["ratio"]["estimate"] == pytest.approx((lost("adamw") - 3 * lost("muon")).mean())
+    log_mult = lambda opt: -np.log(1 - lost(opt))  # noqa: E731  (log(1/f), B1's ratio scale)
+    ratio = (log_mult("adamw") - 3 * log_mult("muon")).mean()
+    assert values["B1"]["parts"]["ratio"]["estimate"] == pytest.approx(ratio)
     assert values["B5-muon"]["estimate"] == pytest.approx(100 * np.mean([0.6 + 0.01 * (s - 1) for s in range(3)]))
     assert values["B7"]["estimate"] == pytest.approx(0.0, abs=1e-12)
     assert "f at 60 steps - f at 15 steps" in values["B7"]["detail"]
@@ -250,6 +252,40 @@ def test_b1_difference_and_ratio_parts_fail_on_their_own():
     assert values["B1"]["parts"]["difference"]["low"] > 0 and values["B1"]["parts"]["ratio"]["high"] < 0
 
 
+def test_b1_ratio_reads_the_log_multiplier_where_lost_compute_could_not_reach_3x():
+    """Round 3's operating point: Muon loses 0.41. On lost compute 'AdamW loses 3x' needs 1.23 > 1, impossible; on
+    the log compute multiplier AdamW at f = 0.12 (log 8.3 = 2.12 >= 3 x 0.53) holds it, and at f = 0.3 does not."""
+    for f_adamw, want in ((0.12, REPRODUCED), (0.3, NOT_REPRODUCED)):
+        values, verdicts = _verdicts(_runs({**HOLDS, "f": {**HOLDS["f"], "adamw": f_adamw, "muon": 0.59}}))
+        assert verdicts["B1"][0] == want, (f_adamw, verdicts["B1"], values["B1"]["parts"]["ratio"])
+        assert "log(1/f(AdamW)) - 3 log(1/f(Muon))" in values["B1"]["parts"]["ratio"]["detail"]
+
+
+def test_b3_is_gated_per_part():
+    """Adan's gate fails (its f still moves from T to 2T): Adan's part is not measured with that reason, and SOAP's
+    and Lion's parts are decided on their own gates, which pass (issue 37: round 3 read the whole claim 'not
+    measured'). verify still reads a claim with an unmeasured part as not measured, naming the part."""
+    def adan_moving(world):
+        def loss(c):
+            if c.optimizer == "adan" and c.schedule == "2bw" and c.mitigation == "none" and c.steps == 2 * T:
+                return sync_loss((world_f(world, c) + 0.2) * c.steps, c.seed)
+            return _loss(world, c)
+        return loss
+
+    values, verdicts = _verdicts(_runs(HOLDS, loss=adan_moving(HOLDS)))
+    parts = values["B3"]["parts"]
+    assert parts["adan"]["estimate"] is None and "adan at 60 steps: transient" in parts["adan"]["detail"]
+    assert [g["passed"] for g in parts["adan"]["gates"]] == [False]
+    for o in ("soap", "lion"):
+        assert parts[o]["low"] > 0 and [g["passed"] for g in parts[o]["gates"]] == [True], parts[o]
+    assert [g["passed"] for g in values["B3"]["gates"]] == [True, True]  # AdamW's and Muon's, shared by all parts
+    assert verdicts["B3"][0] == NOT_MEASURED and verdicts["B3"][1].startswith("part adan: adan: gate failed")
+    # SOAP's part is decided against the claim too, whatever Adan does
+    world = {**HOLDS, "f": {**HOLDS["f"], "soap": 0.99}}
+    values, _ = _verdicts(_runs(world, loss=adan_moving(world)))
+    assert values["B3"]["parts"]["soap"]["high"] < 0 and values["B3"]["parts"]["adan"]["estimate"] is None
+
+
 def test_b2_lost_compute_large_either_way_is_not_reproduced():
     _, verdicts = _verdicts(_runs({**HOLDS, "f": {**HOLDS["f"], "muon": 0.8}}))  # 20% lost
     assert verdicts["B2"][0] == NOT_REPRODUCED
@@ -295,9 +331,11 @@ def test_records_name_their_run_directories_and_tables(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["study"] == "async_pp" and doc["scale"] == "cpu" and set(doc["values"]) == set(CLAIM_IDS)
     b2 = doc["values"]["B2"]["sources"]
-    muon = f"{ROOT}/optimizer~muon/lr~tuned/head~untied/schedule~"
-    assert f"{muon}2bw/mitigation~none/depth~1/momentum~0.95/steps~{T}/seed2" in b2
-    assert f"{muon}sync/mitigation~none/depth~1/momentum~0.95/steps~5/seed2" in b2  # its ladder
+    muon = f"{ROOT}/optimizer~muon/lr~{{}}/head~untied/schedule~"
+    # the claim reads the 2bw arm at its own LR (the primary), against the sync ladder at sync's
+    assert f"{muon.format('own')}2bw/mitigation~none/depth~1/momentum~0.95/steps~{T}/seed2" in b2
+    assert f"{muon.format('tuned')}sync/mitigation~none/depth~1/momentum~0.95/steps~5/seed2" in b2  # its ladder
+    assert not any("lr~tuned" in s and "schedule~2bw" in s for s in b2)  # not the secondary
     assert b2[-2:] == [str(runs_csv), "paper_tables/async_pp_main.csv"]
     assert not any("adamw" in s for s in b2)
     evidence = load_evidence([out], "cpu")  # the verifier accepts the file
@@ -331,6 +369,27 @@ def test_length_table_shows_the_fall_per_doubling_f_and_the_gate_per_row():
     assert muon.loc[120, "gate"].startswith("n/a") and math.isnan(muon.loc[5, "f"])
     assert table.loc[("adamw", 15), "gate"] != "pass" and math.isnan(table.loc[("adamw", 15), "f"])  # no 2bw there
     assert muon.loc[30, "tokens"] == 30 * CFG.train.batch_size * CFG.train.seq_len
+
+
+def test_length_table_reports_f_at_both_lr_choices():
+    """Issue 37: f at the arm's own LR (the primary) and at the LR chosen on sync (the secondary), per optimizer and
+    budget; a world where the sync-tuned LR costs the async run 0.1 more of its compute."""
+    def loss(c):
+        if c.schedule == "2bw" and c.lr == "tuned":
+            return sync_loss((world_f(HOLDS, c) - 0.1) * c.steps, c.seed)
+        return _loss(HOLDS, c)
+
+    g = Gaps(_runs(HOLDS, loss=loss), CFG)
+    table = length_table(g).set_index(["optimizer", "steps"])
+    for opt, n in (("muon", T), ("muon", 15), ("adamw", T), ("adamw", 2 * T)):
+        row = table.loc[(opt, n)]
+        assert row["f_sync_lr"] == pytest.approx(row["f"] - 0.1, abs=1e-9), (opt, n)
+        assert row["seeds_sync_lr"] == 3
+    assert table.loc[("muon", T), "gate_sync_lr"] == "pass" and table.loc[("muon", T), "gate"] == "pass"
+    main = main_table(g).set_index("optimizer")
+    assert main.loc["soap", "f_sync_lr"] == pytest.approx(main.loc["soap", "f"] - 0.1)
+    values, _ = _verdicts(_runs(HOLDS, loss=loss))  # the claims read the own-LR arm only
+    assert values["B2"]["estimate"] == pytest.approx(np.mean([0.03 * _noise("muon", s) for s in range(3)]))
 
 
 def test_tables_name_diverged_runs(tmp_path):

@@ -1,5 +1,6 @@
-"""The effective compute fraction f(T) and the transient gate on hand-made curves (issue 25): a known multiplier, a
-saturated pair, a transient pair; the references are written out here (closed-form curves, scipy's t interval)."""
+"""The effective compute fraction f(T) and the transient gate on hand-made curves (issues 25, 37): a known multiplier,
+and the gate's equivalence test on passing, transient, noisy and saturated pairs; the references are written out here
+(closed-form curves, scipy's t interval and t distribution, statsmodels' ttost_paired)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from scipy import stats
 from gradfidelity.studies.async_pp.compute_fraction import (
     ABOVE,
     BELOW,
+    EQUIVALENCE_MARGIN,
     INSIDE,
     effective_fraction,
     per_seed_fractions,
@@ -80,32 +82,69 @@ def _t_ci(x, level):
     return x.mean() - h, x.mean() + h
 
 
-def test_a_settled_unsaturated_pair_passes():
-    f_T, f_2T = [0.60, 0.55, 0.62], [0.58, 0.59, 0.60]
-    sync_T, sync_2T = [3.00, 3.02, 2.98], [2.80, 2.83, 2.79]
-    gap = [0.10, 0.12, 0.09]
-    g = transient_gate(f_T, f_2T, sync_T, sync_2T, gap, 0.95)
-    lo, hi = _t_ci(np.subtract(f_2T, f_T), 0.95)
+SYNC_T, SYNC_2T = [3.00, 3.02, 2.98, 3.01, 2.99], [2.80, 2.83, 2.79, 2.80, 2.78]  # falls about 0.2 nats
+
+
+def _tost_p(d, margin):
+    """The TOST p value written out: the larger of the two one-sided t tests' p values (against -margin, +margin)."""
+    d = np.asarray(d, float)
+    se = d.std(ddof=1) / math.sqrt(len(d))
+    t_low, t_high = (d.mean() + margin) / se, (d.mean() - margin) / se
+    return max(stats.t.sf(t_low, len(d) - 1), stats.t.cdf(t_high, len(d) - 1))
+
+
+def test_a_settled_unsaturated_pair_passes_by_equivalence():
+    f_T = [0.60, 0.55, 0.62, 0.58, 0.61]
+    f_2T = [0.59, 0.56, 0.60, 0.59, 0.60]
+    g = transient_gate(f_T, f_2T, SYNC_T, SYNC_2T, 0.95)
+    lo, hi = _t_ci(np.subtract(f_2T, f_T), 0.90)  # TOST at alpha 0.05 reads the 90% interval
     assert g.passed and g.reason == "" and f"[{lo:+.3f}, {hi:+.3f}]" in g.detail
+    assert -EQUIVALENCE_MARGIN < lo and hi < EQUIVALENCE_MARGIN
+    # the interval method and statsmodels' ttost_paired agree with the p value written out, and with each other
+    assert g.tost_p == pytest.approx(_tost_p(np.subtract(f_2T, f_T), EQUIVALENCE_MARGIN), rel=1e-9)
+    assert g.tost_p < 0.05
 
 
-def test_a_transient_pair_is_not_measured():
-    """f doubles from T to 2T on every seed: the comparison has not left the early transient."""
-    g = transient_gate([0.30, 0.28, 0.33], [0.60, 0.59, 0.61], [3.0, 3.02, 2.98], [2.8, 2.83, 2.79],
-                       [0.10, 0.12, 0.09], 0.95)
-    assert not g.passed and g.reason == "transient"
+def test_a_transient_pair_fails_with_a_narrow_interval_outside_the_margin():
+    """f rises by 0.1 from T to 2T on every seed, tightly: the cost still changes with the budget."""
+    f_T = [0.30, 0.28, 0.33, 0.31, 0.29]
+    g = transient_gate(f_T, [f + 0.10 + 0.005 * i for i, f in enumerate(f_T)], SYNC_T, SYNC_2T, 0.95)
+    assert not g.passed and g.reason == "transient" and "transient" in g.detail and g.tost_p > 0.05
 
 
-def test_a_saturated_pair_is_not_measured():
-    """The sync loss moves less per doubling than 4 standard errors of the gap (round 2's embedded corpus at its
-    entropy floor): any two runs tie there, whatever the delay."""
-    gap = [0.004, -0.003, 0.006]
-    se = np.std(gap, ddof=1) / math.sqrt(3)
-    sync_T = [0.226, 0.227, 0.225]
-    sync_2T = [s - 3.9 * se for s in sync_T]
-    g = transient_gate([0.9, 0.95, 1.0], [0.92, 0.97, 0.96], sync_T, sync_2T, gap, 0.95)
-    assert not g.passed and g.reason == "saturated"
-    both = transient_gate([0.3, 0.28, 0.33], [0.6, 0.59, 0.61], sync_T, sync_2T, gap, 0.95)
+def test_a_noisy_pair_fails_as_noisy_not_as_saturated():
+    """Round 3's Lion: the async runs scatter across seeds while the sync loss still falls. The old gate (the
+    interval contains 0) passed such data; an equivalence test cannot, and it says why: the interval is wider than
+    the whole margin."""
+    f_T = [0.41, 0.72, 1.17]
+    f_2T = [0.70, 0.45, 0.95]
+    g = transient_gate(f_T, f_2T, SYNC_T[:3], SYNC_2T[:3], 0.95)
+    lo, hi = _t_ci(np.subtract(f_2T, f_T), 0.90)
+    assert lo < 0 < hi and hi - lo > 2 * EQUIVALENCE_MARGIN  # contains 0: the old gate's pass
+    assert not g.passed and g.reason == "noisy"
+
+
+def test_saturated_only_when_the_sync_loss_does_not_fall():
+    """The sync loss at T and 2T ties (a floor): 'saturated', whatever f does; a noisy async gap alone never is."""
+    f_T, f_2T = [0.90, 0.95, 1.00], [0.91, 0.95, 0.99]
+    flat = [0.226, 0.227, 0.225]
+    g = transient_gate(f_T, f_2T, flat, [s + d for s, d in zip(flat, [0.001, -0.002, 0.0005], strict=True)], 0.95)
+    assert not g.passed and g.reason == "saturated" and "(does not fall)" in g.detail
+    both = transient_gate([0.30, 0.28, 0.33], [0.60, 0.59, 0.61], flat, flat, 0.95)
     assert both.reason == "transient, saturated"
     with pytest.raises(ValueError, match="paired"):
-        transient_gate([0.3], [0.6], [1.0], [0.9], [0.1], 0.95)
+        transient_gate([0.3], [0.6], [1.0], [0.9], 0.95)
+
+
+def test_the_interval_method_matches_statsmodels_on_random_pairs():
+    """equivalence_tost's decision (the 90% interval inside +-margin) equals statsmodels' ttost_paired p < 0.05."""
+    from statsmodels.stats.weightstats import ttost_paired
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(3, 9))
+        f_T = rng.uniform(0.2, 0.9, n)
+        f_2T = f_T + rng.normal(rng.uniform(-0.08, 0.08), rng.uniform(0.005, 0.08), n)
+        g = transient_gate(f_T, f_2T, SYNC_T[:1] * n, SYNC_2T[:1] * n, 0.95)
+        p = ttost_paired(f_2T, f_T, -EQUIVALENCE_MARGIN, EQUIVALENCE_MARGIN)[0]
+        assert (g.reason in ("", "saturated")) == (p < 0.05), (f_T, f_2T)

@@ -27,16 +27,19 @@ from gradfidelity.studies.async_pp.lr_select import (
 from gradfidelity.studies.async_pp.optimizers import REGISTRY
 from gradfidelity.studies.async_pp.pairing import ef_recovery
 from gradfidelity.studies.async_pp.plan import (
+    OWN,
     PATTERN,
     TUNED,
     WILDCARDS,
     Cell,
+    arm_keys,
     cell_from_wildcards,
     cells,
     default_momentum,
     f_keys,
     grid_cells,
     lr_keys,
+    secondary_optimizers,
 )
 from gradfidelity.studies.async_pp.rules import JOB_KEYS, job_cfg, lr_arg, train_cfg, train_input
 from gradfidelity.studies.async_pp.tables import write_lr_selection
@@ -50,7 +53,7 @@ SCHEMA = yaml.safe_load(SCHEMA_PATH.read_text())
 def test_plan_dedupes_shared_cells_and_paths_and_wildcards_agree():
     cs = cells(CFG)
     assert len(cs) == len(set(cs))
-    main = {(c.optimizer, c.schedule, c.mitigation) for c in cs if c.lr == TUNED and c.depth == 1}
+    main = {(c.optimizer, c.schedule, c.mitigation) for c in cs if c.lr in (TUNED, OWN) and c.depth == 1}
     assert ("muon", "2bw", "error_feedback") in main and ("adamw", "sync", "none") in main
     c = Cell("muon", TUNED, "tied", "2bw", "taylor", 1, 0.95, 160, 0)
     assert c.dir() == ("results/async_pp/optimizer~muon/lr~tuned/head~tied/schedule~2bw/mitigation~taylor/depth~1/"
@@ -64,28 +67,51 @@ def test_plan_dedupes_shared_cells_and_paths_and_wildcards_agree():
     assert cell_from_wildcards(wc) == Cell("adamw", "x0.5", "tied", "sync", "none", 1, 0.9, 120, 100)
 
 
-def test_lr_grid_is_sync_on_a_seed_outside_the_evaluation_seeds_per_optimizer_and_momentum():
+def test_lr_grid_covers_every_arm_on_a_seed_outside_the_evaluation_seeds():
+    """Issue 37: sync, 2bw and the depth sweep's PipeDream at each depth each get a grid of their own."""
     grid = grid_cells(CFG)
-    assert {c.schedule for c in grid} == {"sync"} and {c.seed for c in grid} == {SMOKE["lr_selection"]["seed"]}
+    assert {c.seed for c in grid} == {SMOKE["lr_selection"]["seed"]} and {c.mitigation for c in grid} == {"none"}
     keys = lr_keys(CFG)
     assert ("adamw", 0.95) in keys and ("muon", 0.9) in keys and ("lion", 0.99) in keys
     assert len(keys) == len(OPTIMIZERS) + 2  # smoke's momentum sweep adds adamw 0.95 and muon 0.9
-    assert len(grid) == len(keys) * len(SMOKE["lr_selection"]["multipliers"])
-    assert all(c.lr == TUNED for c in cells(CFG) if c not in grid)
-    ext = grid_cells(CFG, [{"optimizer": "adan", "momentum": 0.98, "multiplier": 8.0}])
-    assert [(c.optimizer, c.lr, c.momentum, c.schedule) for c in ext] == [("adan", "x8", 0.98, "sync")]
+    arms = arm_keys(CFG)
+    depth = CFG.sweeps.depth
+    assert len(arms) == 2 * len(keys) + len(depth.optimizers) * len(depth.depths) * len(depth.schedules)
+    assert ("muon", 0.9, "2bw", 1) in arms and ("adamw", 0.9, "pipedream", 4) in arms
+    assert len(grid) == len(arms) * len(SMOKE["lr_selection"]["multipliers"])
+    assert {(c.schedule, c.head) for c in grid if c.schedule == "pipedream"} == {("pipedream", "untied")}
+    assert {c.depth for c in grid if c.schedule == "pipedream"} == set(depth.depths)
+    assert all(c.lr in (TUNED, OWN) for c in cells(CFG) if c not in grid)
+    assert all(c.lr == TUNED for c in cells(CFG) if c.schedule == "sync" and c not in grid)
+    ext = grid_cells(CFG, [{"optimizer": "adan", "momentum": 0.98, "multiplier": 8.0},
+                           {"optimizer": "muon", "momentum": 0.95, "schedule": "pipedream", "depth": 2,
+                            "multiplier": 0.25}])
+    assert [(c.optimizer, c.lr, c.momentum, c.schedule, c.depth) for c in ext] == [
+        ("adan", "x8", 0.98, "sync", 1), ("muon", "x0.25", 0.95, "pipedream", 2)]
+    with pytest.raises(UserError, match="own LR is lr~tuned"):
+        Cell("adamw", OWN, "tied", "sync", "none", 1, 0.9, 60, 0)
 
 
 def test_every_f_key_gets_the_ladder_and_2bw_at_the_main_budget_and_twice_it():
+    """The ladder trains at sync's LR; 2bw at T and 2T at its own LR, and at the sync-tuned LR too (the secondary
+    column) for the length table's optimizers at their default momentum; mitigations and PipeDream at their own."""
     T = CFG.train.steps
     cs = cells(CFG)
+    both = set(secondary_optimizers(CFG))
     for opt, mom, head in f_keys(CFG):
-        mine = {(c.schedule, c.steps) for c in cs if (c.optimizer, c.momentum, c.head, c.mitigation, c.lr)
-                == (opt, mom, head, "none", TUNED) and c.schedule in ("sync", "2bw")}
-        assert {("sync", n) for n in CFG.sweeps.ladder.of(opt)} | {("2bw", T), ("2bw", 2 * T)} <= mine, (opt, mom)
-    assert {c.steps for c in cs if c.schedule == "2bw" and c.optimizer == "muon" and c.mitigation == "none"
-            and c.momentum == 0.95} == {*CFG.sweeps.length.steps, T, 2 * T}
+        def mine(lr, schedule, key=(opt, mom, head)):
+            return {c.steps for c in cs if (c.optimizer, c.momentum, c.head, c.mitigation, c.lr, c.schedule)
+                    == (*key, "none", lr, schedule)}
+        assert set(CFG.sweeps.ladder.of(opt)) <= mine(TUNED, "sync"), (opt, mom)
+        assert {T, 2 * T} <= mine(OWN, "2bw"), (opt, mom)
+        secondary = opt in both and mom == default_momentum(opt) and head == "untied"
+        assert ({T, 2 * T} <= mine(TUNED, "2bw")) == secondary, (opt, mom, head)
+    for lr in (OWN, TUNED):
+        assert {c.steps for c in cs if c.schedule == "2bw" and c.optimizer == "muon" and c.mitigation == "none"
+                and c.momentum == 0.95 and c.lr == lr} == {*CFG.sweeps.length.steps, T, 2 * T}
     assert {c.steps for c in cs if c.mitigation != "none"} == {T}
+    grid = set(grid_cells(CFG))
+    assert {c.lr for c in cs if (c.mitigation != "none" or c.schedule == "pipedream") and c not in grid} == {OWN}
 
 
 def test_depth_sweep_unties_the_head():
@@ -113,9 +139,10 @@ def test_lr_selection_rule():
         choose({1.0: math.nan})
 
 
-def _grid_run(tmp_path, opt, mult, loss, scale="smoke", momentum=None):
+def _grid_run(tmp_path, opt, mult, loss, scale="smoke", momentum=None, schedule="sync", depth=1):
     mom = DEFAULTS[opt]["momentum"] if momentum is None else momentum
-    c = Cell(opt, f"x{mult:g}", "tied", "sync", "none", 1, mom, 120, 100)
+    head = "untied" if schedule == "pipedream" else "tied"
+    c = Cell(opt, f"x{mult:g}", head, schedule, "none", depth, mom, 120, 100)
     d = tmp_path / f"run{len(list(tmp_path.iterdir()))}"  # any directory: the cell is read from the records
     d.mkdir(parents=True)
     rec = ({"status": "ok", "metrics": {"final_val_loss": loss}} if math.isfinite(loss)
@@ -125,9 +152,10 @@ def _grid_run(tmp_path, opt, mult, loss, scale="smoke", momentum=None):
     return str(d / "metrics.json")
 
 
-def _choice(doc, opt, mom=None):
+def _choice(doc, opt, mom=None, schedule="sync", depth=1):
     mom = DEFAULTS[opt]["momentum"] if mom is None else mom
-    return next(c for c in doc["choices"] if c["optimizer"] == opt and c["momentum"] == mom)
+    return next(c for c in doc["choices"] if (c["optimizer"], c["momentum"], c["schedule"], c["depth"])
+                == (opt, mom, schedule, depth))
 
 
 def test_select_reads_the_grid_and_tuned_lr_reads_the_choice(tmp_path):

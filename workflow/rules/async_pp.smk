@@ -3,7 +3,8 @@
 # (torch-free); every cell has its own run directory, the wildcards of the one training rule:
 #   results/<scale>/async_pp/optimizer~<o>/lr~<tuned|x<m>>/head~<h>/schedule~<s>/mitigation~<m>/depth~<P>/
 #   momentum~<mu>/steps~<n>/seed<k>/metrics.json
-# Order: the LR grid (sync, lr~x<m>, selection seed) -> lr_selection.json -> every lr~tuned cell reads its LR there.
+# Order: the LR grid (every arm: sync, 2bw, PipeDream per depth; lr~x<m>, selection seed) -> lr_selection.json ->
+# every lr~tuned cell (sync's choice) and lr~own cell (its own schedule's choice) reads its LR there.
 # Each rule passes only the config sections its jobs read (gradfidelity.studies.async_pp.rules.JOB_KEYS: an edit of
 # `bench` reruns the benchmark only, one of `delay` only the cells with a mitigation that reads it).
 import gradfidelity.studies.async_pp.plan as _ap_plan
@@ -112,6 +113,7 @@ rule async_pp_select_lr:
         gf=GF,
         scale=SCALE,
         base=" ".join(f"{m:g}" for m in ASYNC_PP.lr_selection.multipliers),
+        near_tie=_ap_rules.near_tie_arg(ASYNC_PP),
     log:
         f"{RESULTS}/async_pp/logs/select_lr.log",
     conda:
@@ -121,7 +123,7 @@ rule async_pp_select_lr:
         **rule_resources("async_pp_select_lr"),
     shell:
         "{params.gf} async-pp-select-lr --metrics {input} --scale {params.scale} --base {params.base} "
-        "--out {output.selection} --table {output.table} > {log} 2>&1"
+        "--near-tie-sd {params.near_tie} --out {output.selection} --table {output.table} > {log} 2>&1"
 
 
 rule async_pp_aggregate:

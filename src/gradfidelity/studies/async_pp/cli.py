@@ -44,16 +44,19 @@ def _data(args) -> int:
 
 
 def _select_lr(args) -> int:
+    import json
+
     from gradfidelity.studies.async_pp.lr_select import write_selection
 
-    doc = write_selection(args.metrics, args.scale, args.out, args.base)
+    doc = write_selection(args.metrics, args.scale, args.out, args.base, json.loads(args.near_tie_sd))
     if args.table:
         from gradfidelity.studies.async_pp.tables import write_lr_selection
 
         write_lr_selection(doc, args.table)
     for c in doc["choices"]:
-        print(f"{c['optimizer']} momentum {c['momentum']:g}: x{c['multiplier']:g} -> lr {c['lr']:.3g}"
-              f"{'' if c['bracketed'] else ' (NOT bracketed)'}")
+        print(f"{c['optimizer']} momentum {c['momentum']:g} {c['schedule']} depth {c['depth']}: x{c['multiplier']:g} "
+              f"-> lr {c['lr']:.3g}{'' if c['bracketed'] else ' (NOT bracketed)'}"
+              f"{' (near-tie: best x' + format(c['best_multiplier'], 'g') + ')' if c['near_tie'] else ''}")
     return 0
 
 
@@ -64,7 +67,8 @@ def _lr_round(args) -> int:
     doc = extension_round(args.metrics, args.scale, args.base, args.max_extensions)
     atomic_write_json(args.out, doc)
     for e in doc["extension"]:
-        print(f"{e['optimizer']} momentum {e['momentum']:g}: won at an edge, next round trains x{e['multiplier']:g}")
+        print(f"{e['optimizer']} momentum {e['momentum']:g} {e['schedule']} depth {e['depth']}: won at an edge, next "
+              f"round trains x{e['multiplier']:g}")
     return 0
 
 
@@ -101,19 +105,22 @@ def _bench(args) -> int:
     from gradfidelity.studies.async_pp.bench import run_bench
 
     result = run_bench(_cfg(args.cfg), args.out, args.data)
-    sc, pl = result["sim_step_cost"], result["pipeline"]
-    print(f"2bw/sync step cost {sc['ratio_2bw_over_sync']:.3f} (limit {sc['limit']})")
-    print(f"pipeline 2bw/sync throughput: median {pl['ratio_median']:.3f} over repeats "
-          f"{', '.join(f'{r:.3f}' for r in pl['ratio_per_repeat'])} "
-          f"(range {pl['ratio_min']:.3f}-{pl['ratio_max']:.3f}, IQR {pl['ratio_iqr']:.3f}); "
-          f"bound for {pl['steps']} batches {pl['bound_for_these_batches']:.3f} "
-          f"(asymptotic {pl['bound_asymptotic']:.3f})")
-    rec = pl["reconciliation"]
-    for r, (c, i) in enumerate(zip(rec["compute_factor_per_repeat"], rec["idle_factor_per_repeat"], strict=True)):
-        print(f"  repeat {r}: ratio {pl['ratio_per_repeat'][r]:.3f} = compute {c:.3f} x idle {i:.3f}")
+    sc, pl = result["step_cost"], result["pipeline"]
+    for o, r in sc["optimizers"].items():
+        print(f"{o}: plain {r['plain_ms']:.1f} ms, sync {r['sync_ms']:.1f} ({r['ratio_sync']:.2f}x), 2bw "
+              f"{r['2bw_ms']:.1f} ({r['ratio_2bw']:.2f}x plain, {r['ratio_2bw_over_sync']:.2f}x sync)")
+    print(f"one validation pass {sc['eval_ms']:.1f} ms ({sc['eval_share_of_a_main_step_ms']:.1f} ms a main step)")
+    iv, dec = pl["ratio_interval"], pl["decomposition"]
+    span = "no interval" if iv["low"] is None else f"[{iv['low']:.3f}, {iv['high']:.3f}]"
+    print(f"pipeline 2bw/sync throughput: median {iv['median']:.3f} {span} over "
+          f"{pl['repeats']} repeats; bound for {pl['steps']} batches {pl['bound_for_these_batches']:.3f}")
+    print(f"  idle factor {dec['idle_factor']['median']:.3f} = {pl['idle_factor_over_bound']:.3f} of the bound "
+          f"({'meets' if pl['meets_idle_target'] else 'misses'} the target: {pl['idle_target']}); compute factor "
+          f"{dec['compute_factor']['median']:.3f}")
     for s in ("sync", "2bw"):
         r = pl["runs"][s]
-        print(f"  {s}: bubble measured {r['bubble_fraction']:.3f}, theoretical {r['bubble_theoretical']:.3f}")
+        print(f"  {s}: bubble {r['bubble_fraction']:.3f} (theory {r['bubble_theoretical']:.3f}), busy per stage "
+              f"{', '.join(f'{b:.2f}' for b in r['busy_s_per_stage_median'])} s")
     return 0
 
 
@@ -133,13 +140,14 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="the prepared corpus folder")
     p.set_defaults(func=_data)
 
-    p = sub.add_parser("async-pp-select-lr", help="study B: choose each optimizer's LR on the sync grid")
+    p = sub.add_parser("async-pp-select-lr", help="study B: choose each arm's LR on its own grid")
     p.add_argument("--metrics", nargs="+", required=True, help="the LR grid's metrics.json files")
     p.add_argument("--scale", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--table", help="the LR-selection table (.csv; a .md beside it)")
     p.add_argument("--base", nargs="+", type=float, required=True, help="the configured multipliers "
                    "(lr_selection.multipliers): the others are extensions")
+    p.add_argument("--near-tie-sd", default="{}", help="JSON {optimizer: sd} (lr_selection.near_tie_sd)")
     p.set_defaults(func=_select_lr)
 
     p = sub.add_parser("async-pp-lr-round", help="study B: one round of the LR grid -> the points the next adds")

@@ -13,11 +13,13 @@ delay does (round 2: the embedded corpus's floor made every gap vanish), and it 
 optimizers whose curves have different slopes. Compute is the currency of the paper's question (is the async
 pipeline's throughput worth its delay?), and it does not shrink merely because the loss curve flattens.
 
-The transient gate: a comparison at budget T means something only after the early transient (where the delay's
-cost is still changing with T) and before saturation (where the sync loss no longer moves, so any two runs tie).
-It passes when f(T) and f(2T) agree within their paired interval and the sync loss still falls from T to 2T by more
-than 4 standard errors of the gap at T; else the claim is "not measured", with "transient" or "saturated" as the
-reason.
+The transient gate (issue 37): a comparison at budget T means something only after the early transient (where the
+delay's cost still changes with T) and before saturation (where the sync loss no longer moves, so any two runs tie).
+It is an equivalence test, so that noisy data cannot pass it: f(2T) - f(T) must be shown to lie within
++-EQUIVALENCE_MARGIN by a paired TOST. Its reasons say why it fails: "transient" (the interval is narrow enough to
+fit inside the margin but reaches outside it: f still moves with the budget), "noisy" (the interval is wider than
+the whole margin: no location could pass, more seeds are needed), and "saturated" (only when the sync loss does not
+fall from T to 2T: the paired fall's interval reaches 0).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import numpy as np
 from gradfidelity.stats.intervals import t_interval
 
 INSIDE, BELOW, ABOVE = "inside", "below_sweep", "above_sweep"
-SATURATION_SE = 4.0  # the sync loss must fall per doubling by more than this many standard errors of the gap
+# The equivalence margin of f(2T) - f(T), in units of f (issue 37, fixed before the round-4 run): 5 points of
+# compute, the size B7 already calls "does not grow".
+EQUIVALENCE_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -94,28 +98,45 @@ def per_seed_fractions(budgets: Sequence[int], sync_final: np.ndarray, async_fin
 @dataclass(frozen=True)
 class TransientGate:
     passed: bool
-    reason: str  # "" when passed, else "transient" or "saturated" (both: "transient, saturated")
+    reason: str  # "" when passed, else "transient" or "noisy", and/or "saturated" (joined by ", ")
     detail: str
+    tost_p: float  # the TOST p value (the larger of the two one-sided p values): equivalence iff < alpha
+
+
+def tost_confidence(level: float) -> float:
+    """The two-sided confidence of the interval a TOST at the registry's `level` reads: alpha = 1 - level per
+    one-sided test, so the (1 - 2 alpha) interval (0.90 at 0.95), the textbook equivalence interval."""
+    return 2.0 * level - 1.0
 
 
 def transient_gate(f_T: Sequence[float], f_2T: Sequence[float], sync_T: Sequence[float],
-                   sync_2T: Sequence[float], gap_T: Sequence[float], level: float) -> TransientGate:
+                   sync_2T: Sequence[float], level: float, margin: float = EQUIVALENCE_MARGIN) -> TransientGate:
     """Is budget T past the early transient and short of saturation? Paired per seed:
-    - left the transient: the `level` t interval of f(2T) - f(T) contains 0;
-    - not saturated: mean(sync(T) - sync(2T)) > SATURATION_SE x the standard error of the gap at T."""
+    - left the transient: a paired TOST shows f(2T) - f(T) within +-margin (stats.paired.equivalence_tost: the
+      (2 level - 1) t interval inside the margin; its p value from statsmodels' ttost_paired, which the interval
+      agrees with); else "noisy" when the interval is wider than the whole margin, 2 x margin (it could not fit
+      anywhere), "transient" when it could but does not;
+    - not saturated: the `level` t interval of the paired sync fall sync(T) - sync(2T) lies above 0."""
+    from statsmodels.stats.weightstats import ttost_paired
+
+    from gradfidelity.stats.paired import equivalence_tost
+
     f1, f2 = np.asarray(f_T, float), np.asarray(f_2T, float)
-    s1, s2, g = np.asarray(sync_T, float), np.asarray(sync_2T, float), np.asarray(gap_T, float)
-    if not (len(f1) == len(f2) == len(s1) == len(s2) == len(g)) or len(f1) < 2:
+    s1, s2 = np.asarray(sync_T, float), np.asarray(sync_2T, float)
+    if not (len(f1) == len(f2) == len(s1) == len(s2)) or len(f1) < 2:
         raise ValueError("the transient gate needs >= 2 paired seeds with every value")
-    if not all(np.isfinite(x).all() for x in (f1, f2, s1, s2, g)):
+    if not all(np.isfinite(x).all() for x in (f1, f2, s1, s2)):
         raise ValueError("the transient gate needs finite values (f outside the sweep is handled before)")
-    iv = t_interval(f2 - f1, level)
-    settled = iv.low <= 0.0 <= iv.high
-    fall = float(np.mean(s1 - s2))
-    se_gap = float(np.std(g, ddof=1) / math.sqrt(len(g)))
-    moving = fall > SATURATION_SE * se_gap
-    reasons = [r for r, ok in (("transient", settled), ("saturated", moving)) if not ok]
-    detail = (f"f(2T) - f(T) {iv.estimate:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}] "
-              f"({'contains' if settled else 'excludes'} 0); sync loss falls {fall:.4f} from T to 2T vs "
-              f"{SATURATION_SE:g} x SE of the gap = {SATURATION_SE * se_gap:.4f}")
-    return TransientGate(not reasons, ", ".join(reasons), detail)
+    eq = equivalence_tost(f2, f1, margin, confidence=tost_confidence(level))
+    p = float(ttost_paired(f2, f1, -margin, margin)[0]) if np.ptp(f2 - f1) > 0 else float(not eq["equivalent"])
+    width = eq["ci_high"] - eq["ci_low"]
+    drift = "" if eq["equivalent"] else ("noisy" if width > 2 * margin else "transient")
+    fall = t_interval(s1 - s2, level)
+    moving = fall.low is not None and fall.low > 0.0
+    reasons = [r for r in (drift, "" if moving else "saturated") if r]
+    detail = (f"f(2T) - f(T) {eq['mean_diff']:+.3f} [{eq['ci_low']:+.3f}, {eq['ci_high']:+.3f}] "
+              f"({tost_confidence(level):.0%} interval, width {width:.3f}) against the margin +-{margin:g}: "
+              f"{'equivalent' if eq['equivalent'] else drift} (TOST p {p:.3g}); sync loss falls "
+              f"{fall.estimate:.4f} [{fall.low:.4f}, {fall.high:.4f}] from T to 2T"
+              f"{'' if moving else ' (does not fall)'}")
+    return TransientGate(not reasons, ", ".join(reasons), detail, p)

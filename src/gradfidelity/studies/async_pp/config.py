@@ -10,9 +10,9 @@ loads the config.
 
 Words: `schedule` = where the gradient is evaluated (sync, 2bw, pipedream, pipedream_vsync); `mitigation` = the
 add-on (none, error_feedback, taylor, sync_start, sync_cooldown); `head` = whether the LM head is tied to the
-embedding (tied, untied); `lr` = `tuned` (the LR chosen on the sync schedule, lr_select.py) or a grid point
-`x<multiplier>` of the optimizer's default LR. The same words are config keys, wildcard/path parts
-(`schedule~2bw/mitigation~taylor`), table columns and code names.
+embedding (tied, untied); `lr` = `tuned` (the LR chosen on the sync schedule, lr_select.py), `own` (the LR chosen
+on the cell's own async schedule) or a grid point `x<multiplier>` of the optimizer's default LR. The same words are
+config keys, wildcard/path parts (`schedule~2bw/mitigation~taylor`), table columns and code names.
 """
 
 from __future__ import annotations
@@ -70,6 +70,15 @@ class LrSelection:
     multipliers: tuple[float, ...]
     seed: int
     max_extensions: int
+    near_tie_sd: dict[str, float]  # optimizer -> seed-to-seed sd (nats): a near-tie within it goes to the smaller LR
+
+    def __post_init__(self):
+        unknown = sorted(set(self.near_tie_sd) - set(OPTIMIZERS))
+        if unknown:
+            raise _bad("lr_selection.near_tie_sd", f"{unknown} are not optimizers ({list(OPTIMIZERS)})")
+        bad = {o: v for o, v in self.near_tie_sd.items() if not (isinstance(v, (int, float)) and v >= 0)}
+        if bad:
+            raise _bad("lr_selection.near_tie_sd", f"{bad}: each sd must be a number >= 0")
 
 
 @dataclass(frozen=True)
@@ -237,6 +246,7 @@ class BenchPipeline:
 class Bench:
     steps: int
     repeats: int
+    optimizers: tuple[str, ...]
     pipeline: BenchPipeline
 
 

@@ -1,16 +1,23 @@
 """The learning-rate selection rule of study B, fixed before any async run (issue 13, item 1; grown in issue 25).
 
-Rule: per optimizer and momentum (plan.lr_keys), train the `sync` schedule at every multiplier m of config
-`lr_selection.multipliers` times the optimizer's default LR (config.DEFAULTS), on the selection seed
-`lr_selection.seed` (not an evaluation seed), for the main budget `train.steps`. While the lowest final sync
-validation loss sits at an edge of the grid, add one point 2x past that edge and train it (a round; at most
-`lr_selection.max_extensions` past one edge). Then choose the multiplier with the lowest final loss (diverged runs
-excluded; a tie goes to the smaller LR). Every other cell of that optimizer and momentum (every schedule,
-mitigation, depth and length) trains at that LR (`lr~tuned`).
+Rule: per arm (plan.arm_keys: optimizer, momentum, schedule, depth; the schedules are sync, 2bw and the depth
+sweep's PipeDream at each depth), train the arm's schedule at every multiplier m of config `lr_selection.multipliers`
+times the optimizer's default LR (config.DEFAULTS), on the selection seed `lr_selection.seed` (not an evaluation
+seed), for the main budget `train.steps`. While the lowest final validation loss sits at an edge of the grid, add
+one point 2x past that edge and train it (a round; at most `lr_selection.max_extensions` past one edge). Then choose
+the multiplier with the lowest final loss (diverged runs excluded; a tie goes to the smaller LR), unless the next
+smaller point is within the optimizer's seed-to-seed sd (`lr_selection.near_tie_sd`, fixed before the run from the
+previous round's seeds): then that smaller LR, recorded as a near-tie (issue 37: on one selection seed AdamW-0.95's
+8x beat 4x by 0.008 nats and Adan's 16x beat 8x by 0.01, and Adan's evaluation seeds were unstable at 16x). The sync
+arm's choice is `lr~tuned` (every sync cell, and the async cells of the secondary column); an async arm's choice is
+`lr~own` (its cells, and the mitigations on top of it).
 
 Why grow the grid: in round 2 Adan, Lion and MARS won at the top of a fixed grid, and Adan at 8x was 0.04 nats
 better than at 4x: its delay gap was measured under-tuned. Why per momentum: the best LR moves with the momentum,
-and a sweep that holds the LR of 0.9 measures the mistuning at 0.98 as much as the momentum.
+and a sweep that holds the LR of 0.9 measures the mistuning at 0.98 as much as the momentum. Why per schedule
+(issue 37): round 3 chose every LR on sync (4-16x the default), and f at that LR partly measured how far a
+sync-tuned LR overshoots under delay (AdamW's 2bw at its sync LR reached at 512 steps what the default-LR pilot
+reached at 320); the practitioner's question is what the delay costs when each schedule gets its best LR.
 
 The rounds are a Snakemake checkpoint (rule async_pp_lr_round): each round's document lists the points the next
 round trains (`extension_round`), and the selection reads every round's runs (`select`).
@@ -23,12 +30,13 @@ import math
 from gradfidelity import lr_grid
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json
-from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS
-from gradfidelity.studies.async_pp.plan import TUNED, cell_from_run, lr_multiplier
+from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS, SCHEDULES
+from gradfidelity.studies.async_pp.plan import OWN, TUNED, cell_from_run, lr_multiplier
 
-RULE = ("per optimizer and momentum, the multiplier of the default LR with the lowest final sync validation loss on "
-        "the selection seed, the grid grown 2x past a winning edge until bracketed (diverged runs excluded, ties to "
-        "the smaller LR); used by every schedule")
+RULE = ("per arm (optimizer, momentum, schedule, depth), the multiplier of the default LR with the lowest final "
+        "validation loss of that schedule on the selection seed, the grid grown 2x past a winning edge until "
+        "bracketed (diverged runs excluded, ties to the smaller LR), then the next smaller point if it is within the "
+        "optimizer's seed-to-seed sd (a near-tie); sync's choice = lr~tuned, an async arm's = lr~own")
 FACTOR = 2.0  # an extension's step past the winning edge
 
 
@@ -45,24 +53,28 @@ def extension(grid: dict[float, float], factor: float = FACTOR) -> list[float]:
     return lr_grid.extension(grid, factor, higher_is_better=False, what="async_pp")
 
 
-def _read_grid(metrics_paths: list[str], scale: str) -> dict[tuple[str, float], list[dict]]:
-    """The grid runs' records, per (optimizer, momentum), in multiplier order. Each run's cell is read from its
-    records (harness.results.cell_of), not from its path."""
+Key = tuple[str, float, str, int]  # an arm: optimizer, momentum, schedule, depth
+
+
+def _read_grid(metrics_paths: list[str], scale: str) -> dict[Key, list[dict]]:
+    """The grid runs' records, per arm, in multiplier order. Each run's cell is read from its records
+    (harness.results.cell_of), not from its path."""
     from gradfidelity.harness.results import cell_of, load_run_records
 
     by_key: dict[tuple[str, float], list[dict]] = {}
     for rec in load_run_records(metrics_paths, scale=scale):
         c = cell_from_run(cell_of(rec))
-        if c.lr == TUNED or c.schedule != "sync":
-            raise UserError(f"{rec['path']}: not an LR-grid run (sync, lr~x<m>)")
+        if c.lr in (TUNED, OWN) or c.mitigation != "none":
+            raise UserError(f"{rec['path']}: not an LR-grid run (lr~x<m>, no mitigation)")
         ok = rec["status"] == "ok"
         m = lr_multiplier(c.lr)
-        by_key.setdefault((c.optimizer, c.momentum), []).append(
+        by_key.setdefault((c.optimizer, c.momentum, c.schedule, c.depth), []).append(
             {"multiplier": m, "lr": DEFAULTS[c.optimizer]["lr"] * m,
              "final_val_loss": float(rec["metrics"]["final_val_loss"]) if ok else math.nan,
              "status": rec["status"], "seed": c.seed, "steps": c.steps, "run_dir": rec["run_dir"]})
     return {k: sorted(v, key=lambda r: r["multiplier"])
-            for k, v in sorted(by_key.items(), key=lambda kv: (OPTIMIZERS.index(kv[0][0]), kv[0][1]))}
+            for k, v in sorted(by_key.items(), key=lambda kv: (OPTIMIZERS.index(kv[0][0]), kv[0][1],
+                                                                  SCHEDULES.index(kv[0][2]), kv[0][3]))}
 
 
 def extension_round(metrics_paths: list[str], scale: str, base: list[float], max_extensions: int) -> dict:
@@ -70,44 +82,59 @@ def extension_round(metrics_paths: list[str], scale: str, base: list[float], max
     winner sits at an edge, unless that side already holds `max_extensions` added points)."""
     grid = _read_grid(metrics_paths, scale)
     ext = []
-    for (opt, mom), rows in grid.items():
+    for (opt, mom, sched, depth), rows in grid.items():
         losses = {r["multiplier"]: r["final_val_loss"] for r in rows}
         for m in lr_grid.next_points(losses, base, FACTOR, max_extensions, higher_is_better=False, what="async_pp"):
-            ext.append({"optimizer": opt, "momentum": mom, "multiplier": m})
+            ext.append({"optimizer": opt, "momentum": mom, "schedule": sched, "depth": depth, "multiplier": m})
     return {"study": "async_pp", "scale": scale, "base_multipliers": list(base),
-            "grid": [{"optimizer": o, "momentum": mom, "losses": {f"{r['multiplier']:g}": r["final_val_loss"]
-                                                                  for r in rows}}
-                     for (o, mom), rows in grid.items()],
+            "grid": [{"optimizer": o, "momentum": mom, "schedule": sched, "depth": depth,
+                      "losses": {f"{r['multiplier']:g}": r["final_val_loss"] for r in rows}}
+                     for (o, mom, sched, depth), rows in grid.items()],
             "extension": ext}
 
 
-def select(metrics_paths: list[str], scale: str, base: list[float] | None = None) -> dict:
-    """Every grid run's metrics.json (all rounds: the rule's {input}) -> the selection document: per (optimizer,
-    momentum) the grid, the choice, the points added past the configured grid, and whether the choice is
-    bracketed (a grid point on both sides of it)."""
+def select(metrics_paths: list[str], scale: str, base: list[float] | None = None,
+           near_tie_sd: dict[str, float] | None = None) -> dict:
+    """Every grid run's metrics.json (all rounds: the rule's {input}) -> the selection document: per arm the grid,
+    the best point, the choice (the best, or its smaller neighbour on a near-tie within `near_tie_sd[optimizer]`;
+    an optimizer it does not name has sd 0: exact ties only), the points added past the configured grid, and
+    whether the best is bracketed (a grid point on both sides of it)."""
+    sds = near_tie_sd or {}
     choices = []
-    for (opt, mom), rows in _read_grid(metrics_paths, scale).items():
-        mult = choose({r["multiplier"]: r["final_val_loss"] for r in rows})
+    for (opt, mom, sched, depth), rows in _read_grid(metrics_paths, scale).items():
+        losses = {r["multiplier"]: r["final_val_loss"] for r in rows}
+        best = choose(losses)
+        sd = float(sds.get(opt, 0.0))
+        mult, tie = lr_grid.near_tie(losses, sd, higher_is_better=False, what=f"async_pp {opt} {sched}")
         mults = [r["multiplier"] for r in rows]
         below, above = lr_grid.added(mults, base or mults)
-        edge = mult in (mults[0], mults[-1])
-        choices.append({"optimizer": opt, "momentum": mom, "default_lr": DEFAULTS[opt]["lr"], "multiplier": mult,
-                        "lr": DEFAULTS[opt]["lr"] * mult, "extended": below + above,
+        edge = best in (mults[0], mults[-1])
+        choices.append({"optimizer": opt, "momentum": mom, "schedule": sched, "depth": depth,
+                        "default_lr": DEFAULTS[opt]["lr"], "multiplier": mult, "lr": DEFAULTS[opt]["lr"] * mult,
+                        "best_multiplier": best, "near_tie": tie, "near_tie_sd": sd, "extended": below + above,
                         "at_grid_edge": len(mults) > 1 and edge, "bracketed": len(mults) > 2 and not edge,
                         "grid": rows})
     return {"study": "async_pp", "scale": scale, "rule": RULE, "base_multipliers": list(base or []),
-            "choices": choices}
+            "near_tie_sd": dict(sds), "choices": choices}
 
 
-def write_selection(metrics_paths: list[str], scale: str, out_json: str, base: list[float] | None = None) -> dict:
-    """The selection document, written to `out_json` (what every lr~tuned cell reads); its table: tables.py."""
-    doc = select(metrics_paths, scale, base)
+def write_selection(metrics_paths: list[str], scale: str, out_json: str, base: list[float] | None = None,
+                    near_tie_sd: dict[str, float] | None = None) -> dict:
+    """The selection document, written to `out_json` (what every lr~tuned and lr~own cell reads); its table:
+    tables.py."""
+    doc = select(metrics_paths, scale, base, near_tie_sd)
     atomic_write_json(out_json, doc)
     return doc
 
 
-def tuned_lr(selection_path: str, optimizer: str, momentum: float) -> float:
-    """The chosen LR of `optimizer` at `momentum` from the selection file (what a `lr~tuned` cell trains at)."""
-    return lr_grid.chosen_lr(selection_path, "async_pp",
-                             lambda c: c["optimizer"] == optimizer and float(c["momentum"]) == float(momentum),
-                             f"{optimizer!r} at momentum {momentum:g}")
+def tuned_lr(selection_path: str, optimizer: str, momentum: float, schedule: str = "sync", depth: int = 1) -> float:
+    """The chosen LR of an arm from the selection file: `optimizer` at `momentum` on `schedule` (sync: what a
+    `lr~tuned` cell trains at; 2bw, or PipeDream at `depth`: what a `lr~own` cell trains at)."""
+    depth = int(depth) if schedule.startswith("pipedream") else 1
+
+    def match(c):  # a document without schedules (round 3) holds sync choices only
+        return (c["optimizer"] == optimizer and float(c["momentum"]) == float(momentum)
+                and c.get("schedule", "sync") == schedule and int(c.get("depth", 1)) == depth)
+
+    where = f" on {schedule}" + (f" at depth {depth}" if depth > 1 else "")
+    return lr_grid.chosen_lr(selection_path, "async_pp", match, f"{optimizer!r} at momentum {momentum:g}{where}")

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import pytorch_optimizer as po
 import torch
 from torch import nn
 
@@ -77,6 +76,35 @@ def _is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
     return p.ndim >= 2 and name.startswith("layers.")
 
 
+def _pytorch_optimizer(name: str, spec: OptSpec, named_params, mats, vecs, lr: float,
+                       mom: float) -> torch.optim.Optimizer:
+    """Muon, SOAP, Adan, Lion or MARS from pytorch-optimizer, imported here and not at the top: it imports
+    transformers, deepspeed's integration and sympy (about 1.6 s a process, issue 37's profile), which an AdamW job
+    never uses."""
+    import pytorch_optimizer as po
+
+    x = spec.extra
+    if name == "muon":
+        hidden = [p for n, p in named_params if _is_hidden_matrix(n, p)]
+        other_m = [p for n, p in named_params if p.ndim >= 2 and not _is_hidden_matrix(n, p)]
+        groups = [{"params": hidden, "use_muon": True, "lr": lr, "weight_decay": spec.weight_decay},
+                  {"params": other_m, "use_muon": False, "lr": lr, "weight_decay": x["adamw_wd"]},
+                  {"params": vecs, "use_muon": False, "lr": lr, "weight_decay": 0.0}]
+        return po.Muon([g for g in groups if g["params"]], lr=lr, momentum=mom, nesterov=x["nesterov"],
+                       ns_steps=x["ns_steps"], use_adjusted_lr=True, adamw_lr=lr, adamw_betas=(0.9, 0.95),
+                       foreach=False)
+    groups = [{"params": mats, "weight_decay": spec.weight_decay}, {"params": vecs, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    if name == "soap":
+        return po.SOAP(groups, lr=lr, betas=(mom, x["beta2"]), precondition_frequency=x["precondition_frequency"])
+    if name == "adan":
+        return po.Adan(groups, lr=lr, betas=(mom, x["beta2"], x["beta3"]), weight_decouple=True, foreach=False)
+    if name == "lion":
+        return po.Lion(groups, lr=lr, betas=(x["beta1"], mom), foreach=False)
+    return po.MARS(groups, lr=lr, lr_1d=lr, betas=(mom, x["beta2"]), gamma=x["gamma"], weight_decay_1d=0.0,
+                   foreach=False)
+
+
 def build_optimizer(name: str, named_params: list[tuple[str, nn.Parameter]], *, lr: float | None = None,
                     momentum: float | None = None) -> torch.optim.Optimizer:
     """Build optimizer `name` over `named_params` (a whole model or one pipeline stage: grouping is by parameter
@@ -92,33 +120,14 @@ def build_optimizer(name: str, named_params: list[tuple[str, nn.Parameter]], *, 
     if not 0.0 <= mom < 1.0:
         raise UserError(f"async_pp momentum {mom} must be in [0, 1)")
     check_betas(name, mom)
-    x = spec.extra
     mats = [p for n, p in named_params if p.ndim >= 2]
     vecs = [p for n, p in named_params if p.ndim < 2]
     if name == "adamw":
         groups = [{"params": mats, "weight_decay": spec.weight_decay}, {"params": vecs, "weight_decay": 0.0}]
-        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(mom, adam_beta2(mom)), eps=x["eps"])
-    elif name == "muon":
-        hidden = [p for n, p in named_params if _is_hidden_matrix(n, p)]
-        other_m = [p for n, p in named_params if p.ndim >= 2 and not _is_hidden_matrix(n, p)]
-        groups = [{"params": hidden, "use_muon": True, "lr": lr, "weight_decay": spec.weight_decay},
-                  {"params": other_m, "use_muon": False, "lr": lr, "weight_decay": x["adamw_wd"]},
-                  {"params": vecs, "use_muon": False, "lr": lr, "weight_decay": 0.0}]
-        opt = po.Muon([g for g in groups if g["params"]], lr=lr, momentum=mom, nesterov=x["nesterov"],
-                      ns_steps=x["ns_steps"], use_adjusted_lr=True, adamw_lr=lr, adamw_betas=(0.9, 0.95),
-                      foreach=False)
+        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=(mom, adam_beta2(mom)),
+                                eps=spec.extra["eps"])
     else:
-        groups = [{"params": mats, "weight_decay": spec.weight_decay}, {"params": vecs, "weight_decay": 0.0}]
-        groups = [g for g in groups if g["params"]]
-        if name == "soap":
-            opt = po.SOAP(groups, lr=lr, betas=(mom, x["beta2"]), precondition_frequency=x["precondition_frequency"])
-        elif name == "adan":
-            opt = po.Adan(groups, lr=lr, betas=(mom, x["beta2"], x["beta3"]), weight_decouple=True, foreach=False)
-        elif name == "lion":
-            opt = po.Lion(groups, lr=lr, betas=(x["beta1"], mom), foreach=False)
-        else:  # mars
-            opt = po.MARS(groups, lr=lr, lr_1d=lr, betas=(mom, x["beta2"]), gamma=x["gamma"], weight_decay_1d=0.0,
-                          foreach=False)
+        opt = _pytorch_optimizer(name, spec, named_params, mats, vecs, lr, mom)
     for g in opt.param_groups:
         g["base_lr"] = g["lr"]
     return opt

@@ -2,7 +2,9 @@
 
 Seed k of every cell has the same initialisation and batch order, so every statistic is computed per seed first
 (gap = variant - sync on that seed, a difference or ratio of gaps, an EF recovery %, a Spearman correlation) and only
-then summarised over seeds. Only `lr~tuned` cells enter (the LR grid is lr_select.py's).
+then summarised over seeds. Only `lr~tuned` and `lr~own` cells enter (the LR grid is lr_select.py's): a sync cell is
+always `tuned` (sync's own LR), an async cell is read at its own LR (`own`, every claim's primary, issue 37) unless a
+Spec asks for the sync-tuned one (`tuned`, the tables' secondary column).
 
 A seed on which any run a statistic needs diverged (or is missing) is dropped from that statistic (`Paired.dropped`),
 counted and named by the claims and the tables: never averaged away silently.
@@ -25,13 +27,14 @@ import pandas as pd
 
 from gradfidelity.errors import UserError
 from gradfidelity.studies.async_pp.config import StudyConfig
-from gradfidelity.studies.async_pp.plan import TUNED, default_momentum, main_head
+from gradfidelity.studies.async_pp.plan import OWN, TUNED, default_momentum, main_head
 
 
 @dataclass(frozen=True)
 class Spec:
     """One tuned-LR cell without its seed; momentum None = the optimizer's default, steps None = train.steps,
-    head None = the model's (main sweeps)."""
+    head None = the model's (main sweeps); lr = `own` (the schedule's own LR; a sync cell's own is `tuned`) or
+    `tuned` (the LR chosen on sync)."""
 
     optimizer: str
     schedule: str = "sync"
@@ -40,13 +43,20 @@ class Spec:
     momentum: float | None = None
     steps: int | None = None
     head: str | None = None
+    lr: str = OWN
+
+    @property
+    def lr_label(self) -> str:
+        """The cell's `lr` path part: a sync cell trains at the LR chosen on sync whatever the Spec says."""
+        return TUNED if self.schedule == "sync" else self.lr
 
     def label(self) -> str:
         s = self.schedule + ("" if self.mitigation == "none" else f"+{self.mitigation}")
         extra = (f" P{self.depth}" if self.schedule.startswith("pipedream") else "") \
             + ("" if self.momentum is None else f" mom {self.momentum:g}") \
             + ("" if self.steps is None else f" {self.steps} steps") \
-            + ("" if self.head is None else f" {self.head} head")
+            + ("" if self.head is None else f" {self.head} head") \
+            + (" at the sync LR" if self.lr_label == TUNED and self.schedule != "sync" else "")
         return f"{self.optimizer} {s}{extra}"
 
 
@@ -90,9 +100,10 @@ class Gaps:
         self._index: dict[tuple, tuple[float, str, str]] = {}
         cols = set(runs.columns)
         for row in runs.to_dict("records"):
-            if row.get("lr", TUNED) != TUNED:
+            lr = row.get("lr", TUNED)
+            if lr not in (TUNED, OWN):
                 continue  # the LR grid
-            key = self._key(row["optimizer"], row.get("head", self.head), row["schedule"], row["mitigation"],
+            key = self._key(lr, row["optimizer"], row.get("head", self.head), row["schedule"], row["mitigation"],
                             row["depth"], row["momentum"], row["steps"], row["seed"])
             if key in self._index:
                 raise UserError(f"runs table: two runs of {key}")
@@ -102,14 +113,14 @@ class Gaps:
             self._index[key] = (loss, status, run_dir)
 
     @staticmethod
-    def _key(optimizer, head, schedule, mitigation, depth, momentum, steps, seed) -> tuple:
-        return (optimizer, head, schedule, mitigation, int(depth), round(float(momentum), 6), int(steps), int(seed))
+    def _key(lr, optimizer, head, schedule, mitigation, depth, momentum, steps, seed) -> tuple:
+        return (lr, optimizer, head, schedule, mitigation, int(depth), round(float(momentum), 6), int(steps), int(seed))
 
     def _cell(self, spec: Spec, seed: int) -> tuple[float, str, str]:
         mom = default_momentum(spec.optimizer) if spec.momentum is None else spec.momentum
         depth = spec.depth if spec.schedule.startswith("pipedream") else 1
-        key = self._key(spec.optimizer, spec.head or self.head, spec.schedule, spec.mitigation, depth, mom,
-                        spec.steps or self.steps, seed)
+        key = self._key(spec.lr_label, spec.optimizer, spec.head or self.head, spec.schedule, spec.mitigation, depth,
+                        mom, spec.steps or self.steps, seed)
         return self._index.get(key, (math.nan, "missing", ""))
 
     def paired(self, specs: dict[str, Spec]) -> Paired:
@@ -166,7 +177,7 @@ def fractions(g: Gaps, asyncs: dict[str, Spec], extra: dict[str, Spec] | None = 
     specs = dict(asyncs) | dict(extra or {})
     for name, a in asyncs.items():
         for n in g.cfg.sweeps.ladder.of(a.optimizer):
-            specs[f"{name}@sync{n}"] = Spec(a.optimizer, momentum=a.momentum, steps=n, head=a.head)
+            specs[f"{name}@sync{n}"] = Spec(a.optimizer, momentum=a.momentum, steps=n, head=a.head, lr=TUNED)
     p = g.paired(specs)
     f, outside = {}, []
     for name, a in asyncs.items():
@@ -193,24 +204,26 @@ def ef_recovery(sync, asyn, ef):
 
 
 def transient(g: Gaps, optimizer: str, momentum: float | None = None, head: str | None = None,
-              steps: int | None = None, level: float = 0.95) -> tuple[dict, dict]:
+              steps: int | None = None, level: float = 0.95, lr: str = OWN) -> tuple[dict, dict]:
     """The transient gate of one (optimizer, momentum, head) at budget T (default train.steps), from its 2bw runs at
-    T and 2T and its sync ladder (compute_fraction.transient_gate), as (gate record, numbers for the tables)."""
+    T and 2T at the LR choice `lr` and its sync ladder (compute_fraction.transient_gate), as (gate record, numbers
+    for the tables)."""
     from gradfidelity.claims.evidence import gate
     from gradfidelity.studies.async_pp.compute_fraction import transient_gate
     from gradfidelity.studies.async_pp.plan import gate_steps
 
     T = int(steps or g.steps)
     T2 = gate_steps(T)
-    label = Spec(optimizer, momentum=momentum, head=head).label().replace(" sync", "") + f" at {T} steps"
-    fr = fractions(g, {"T": Spec(optimizer, "2bw", momentum=momentum, steps=T, head=head),
-                       "2T": Spec(optimizer, "2bw", momentum=momentum, steps=T2, head=head)})
+    label = Spec(optimizer, momentum=momentum, head=head).label().replace(" sync", "") + f" at {T} steps" \
+        + (" at the sync LR" if lr == TUNED else "")
+    fr = fractions(g, {"T": Spec(optimizer, "2bw", momentum=momentum, steps=T, head=head, lr=lr),
+                       "2T": Spec(optimizer, "2bw", momentum=momentum, steps=T2, head=head, lr=lr)})
     info = {"seeds": fr.n, "f_T": fr.f["T"], "f_2T": fr.f["2T"]}
     if fr.n < 2:
         return gate("transient", False, f"{label}: fewer than 2 paired seeds{fr.p.dropped_note()}"), info
     if fr.defined("T", "2T"):
         return gate("transient", False, f"{label}: not decidable, {fr.defined('T', '2T')}"), info
     sync_T, sync_2T = fr.p[f"T@sync{T}"], fr.p[f"2T@sync{T2}"]
-    tg = transient_gate(fr.f["T"], fr.f["2T"], sync_T, sync_2T, fr.p["T"] - sync_T, level)
-    info.update(passed=tg.passed, reason=tg.reason, fall=float(np.mean(sync_T - sync_2T)))
+    tg = transient_gate(fr.f["T"], fr.f["2T"], sync_T, sync_2T, level)
+    info.update(passed=tg.passed, reason=tg.reason, fall=float(np.mean(sync_T - sync_2T)), tost_p=tg.tost_p)
     return gate("transient", tg.passed, f"{label}: {tg.reason + ': ' if tg.reason else ''}{tg.detail}"), info

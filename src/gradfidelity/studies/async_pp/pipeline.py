@@ -3,8 +3,12 @@
 Why our own loop: torch.distributed.pipelining and DeepSpeed's PipelineEngine flush after every batch (they are
 synchronous by design), so the bubble-free asynchronous schedule has to be written out. Each stage owns a
 contiguous run of model units (model.stage_bounds), receives activations from stage k-1 and gradients from stage
-k+1 with tagged point-to-point messages (isend, blocking recv), and keeps *weight versions*: immutable snapshots that
-micro-batches run forward and backward on, while the live parameters are updated by the stage's own optimizer.
+k+1 with tagged point-to-point messages, and keeps *weight versions*: immutable snapshots that micro-batches run
+forward and backward on, while the live parameters are updated by the stage's own optimizer. Sends are isend; each
+receive is posted early (irecv, `Receives`): the next forward's activation and the next backward's gradient are
+always posted before the stage computes, so a message that arrives while the stage works is already in its buffer,
+and the time a stage waits in `wait()` is the bubble alone (issue 37: round 3's blocking receives could not tell
+transfer from waiting).
 
 Schedules (micro-batch i belongs to batch t = i // m; d_k = P-1-k):
 - `2bw`:       1F1B over all batches with no flush; batch t runs on version W(t-1) at every stage (two versions per
@@ -105,6 +109,38 @@ def _ops(schedule: str, k: int, P: int, n_batches: int, m: int) -> list[tuple[st
     return one_f_one_b(0, n_batches * m)
 
 
+class Receives:
+    """Early receives of one stage: for each direction (activations from k-1 for forwards, gradients from k+1 for
+    backwards) the next one its op list needs is always posted (dist.irecv into its own buffer), one ahead per
+    direction; `take` waits for the one an op needs and posts the next. One ahead per direction: it is the message
+    the stage needs next, and it can land while the stage computes the current op; a later message that arrives
+    before its receive is posted waits in gloo's transport, as every message did behind round 3's blocking recv."""
+
+    def __init__(self, ops: list[tuple[str, int]], k: int, P: int, shape: tuple[int, ...], dtype):
+        self.queue = {"F": [i for op, i in ops if op == "F"] if k > 0 else [],
+                      "B": [i for op, i in ops if op == "B"] if k < P - 1 else []}
+        self.src = {"F": k - 1, "B": k + 1}
+        self.shape, self.dtype = shape, dtype
+        self.posted: dict[str, tuple[int, torch.Tensor, object]] = {}
+        for d in ("F", "B"):
+            self._post(d)
+
+    def _post(self, d: str) -> None:
+        if self.queue[d]:
+            i = self.queue[d].pop(0)
+            buf = torch.empty(self.shape, dtype=self.dtype)
+            self.posted[d] = (i, buf, dist.irecv(buf, src=self.src[d], tag=i))
+
+    def take(self, d: str, i: int) -> torch.Tensor:
+        """The message of op (d, i): waits for it (the caller times the wait) and posts the next of direction d."""
+        got, buf, handle = self.posted.pop(d)
+        if got != i:
+            raise RuntimeError(f"pipeline: op {d}{i} found the receive of {d}{got} posted (op order broken)")
+        handle.wait()
+        self._post(d)
+        return buf
+
+
 def _snapshot(named) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone().requires_grad_(True) for n, p in named}
 
@@ -130,8 +166,10 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
     sends: list = []
     busy = wait = send = 0.0  # compute; blocking receives (transfer + waiting: the bubble); posting sends
     losses = []
+    ops = _ops(job.schedule, k, P, T, m)
     t_start = time.perf_counter()
-    for op, i in _ops(job.schedule, k, P, T, m):
+    recvs = Receives(ops, k, P, (mb, S, d), dtype)
+    for op, i in ops:
         t = i // m
         if i == job.fail_at and k == P - 1:
             raise RuntimeError(f"injected failure at micro-batch {i} on stage {k}")
@@ -145,8 +183,7 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
                 x_in = x[j * mb:(j + 1) * mb]
             else:
                 t0 = time.perf_counter()
-                x_in = torch.empty(mb, S, d, dtype=dtype)
-                dist.recv(x_in, src=k - 1, tag=i)
+                x_in = recvs.take("F", i)
                 wait += time.perf_counter() - t0
                 x_in.requires_grad_(True)
             t0 = time.perf_counter()
@@ -168,8 +205,7 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
                 outputs, grad_out = out / m, None
             else:
                 t0 = time.perf_counter()
-                grad_out = torch.empty(mb, S, d, dtype=dtype)
-                dist.recv(grad_out, src=k + 1, tag=i)
+                grad_out = recvs.take("B", i)
                 wait += time.perf_counter() - t0
                 outputs = out
             t0 = time.perf_counter()

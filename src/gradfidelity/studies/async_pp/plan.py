@@ -6,22 +6,26 @@ momentum~0.95/steps~300/seed0/` (the Snakemake Paramspace `name~value` conventio
 training rule), so a cell that two sweeps share (e.g. the main sweep's AdamW at its default momentum is also a point
 of the momentum sweep) is trained once and read by both.
 
-- lr: `x<m>` = m times the optimizer's default LR (config.DEFAULTS): the LR-selection grid, sync schedule only, on
-  the selection seed `lr_selection.seed` (not one of the evaluation seeds, so the chosen LR is not fitted to the
-  seeds the gaps are measured on), per optimizer and momentum (`lr_keys`), grown past a winning edge in rounds
-  (lr_select.py). `tuned` = the LR chosen from that grid: every other cell, every schedule, so every async variant
-  uses the LR chosen on sync before any async run.
+- lr: `x<m>` = m times the optimizer's default LR (config.DEFAULTS): the LR-selection grid, on the selection seed
+  `lr_selection.seed` (not one of the evaluation seeds, so the chosen LR is not fitted to the seeds the gaps are
+  measured on), per arm (`arm_keys`: optimizer, momentum, schedule, depth; the sync arm of every `lr_keys` pair,
+  its 2bw arm, and the PipeDream arm of each depth), grown past a winning edge in rounds (lr_select.py).
+  `tuned` = the LR chosen on the sync arm (every sync cell; an async cell at `tuned` is the secondary column: the
+  delay's cost at an LR the async arm did not choose). `own` = the LR chosen on the cell's own schedule (2bw or
+  PipeDream at that depth): every claim's primary (issue 37; the paper does not state its practice, so each arm at
+  its own best LR). A mitigation cell trains at its schedule's own LR (it is compared with that arm).
 - head: `tied` (the model's `tie_embeddings`) everywhere except the depth sweep, which unties the LM head (README:
   a tied head cannot be fresh at the last stage of an asynchronous pipeline), with its own sync and 2bw references.
 
 Sweeps (config `sweeps`); T = train.steps, f = the effective compute fraction (compute_fraction.py):
 - ladder:     sync at every ladder budget, for every (optimizer, momentum, head) a claim reads (`f_keys`), plus 2bw
-              at T and 2T (f(T) and its transient gate)                  (every claim's f)
+              at T and 2T (f(T) and its transient gate) at its own LR, and at the sync-tuned LR too for the
+              optimizers of the length table (`secondary_optimizers`)   (every claim's f)
 - main:       those keys for each optimizer                              (B1-B3)
 - mitigation: optimizer x 2bw x {error_feedback, taylor, sync_start, sync_cooldown} at T   (B5, B9)
 - momentum:   those keys for each optimizer x momentum, each with its own LR             (B4)
 - depth:      optimizer x P x {pipedream, pipedream_vsync} at T, untied head (with its own keys)   (B6)
-- length:     optimizer x 2bw at each length (a doubling series inside the ladder)       (B7)
+- length:     optimizer x 2bw at each length (a doubling series inside the ladder), at both LRs     (B7)
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from gradfidelity.errors import UserError
 from gradfidelity.studies.async_pp.config import DEFAULTS, HEADS, MITIGATIONS, OPTIMIZERS, SCHEDULES, STUDY, StudyConfig
 
 KEYS = ("optimizer", "lr", "head", "schedule", "mitigation", "depth", "momentum", "steps")
-TUNED = "tuned"
+TUNED = "tuned"  # the LR chosen on sync
+OWN = "own"  # the LR chosen on the cell's own (async) schedule
 SELECTION = "lr_selection.json"  # the LR-selection document, in the study's results root
 # The paper tables (<name>.csv + <name>.md under the scale's table root) and figures (<name>.png) of the study.
 TABLES = ("async_pp_main", "async_pp_mitigations", "async_pp_lr_selection", "async_pp_length", "async_pp_momentum")
@@ -41,7 +46,7 @@ FIGURES = ("async_pp_momentum", "async_pp_depth", "async_pp_ladder", "async_pp_c
 # The training rule's run directory and output, with these wildcards (constraints in WILDCARDS).
 RUN_DIR = "/".join(f"{k}~{{{k}}}" for k in KEYS) + "/seed{seed}"
 PATTERN = RUN_DIR + "/metrics.json"
-WILDCARDS = {"optimizer": "|".join(OPTIMIZERS), "lr": r"tuned|x[0-9.e+-]+", "head": "|".join(HEADS),
+WILDCARDS = {"optimizer": "|".join(OPTIMIZERS), "lr": r"tuned|own|x[0-9.e+-]+", "head": "|".join(HEADS),
              "schedule": "|".join(SCHEDULES), "mitigation": "|".join(MITIGATIONS), "depth": r"\d+",
              "momentum": r"[0-9.]+", "steps": r"\d+", "seed": r"\d+"}
 
@@ -61,7 +66,9 @@ class Cell:
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"async_pp: optimizer {self.optimizer!r} not in {list(OPTIMIZERS)}")
-        if self.lr != TUNED:
+        if self.lr == OWN and self.schedule == "sync":
+            raise UserError("async_pp: a sync cell's own LR is lr~tuned (lr~own is for async schedules)")
+        if self.lr not in (TUNED, OWN):
             lr_multiplier(self.lr)
         if self.head not in HEADS:
             raise UserError(f"async_pp: head {self.head!r} not in {list(HEADS)}")
@@ -84,7 +91,7 @@ def lr_label(multiplier: float) -> str:
 
 def lr_multiplier(label: str) -> float:
     if not re.fullmatch(r"x[0-9.e+-]+", label):
-        raise UserError(f"async_pp: lr {label!r} is neither {TUNED!r} nor x<multiplier>")
+        raise UserError(f"async_pp: lr {label!r} is neither {TUNED!r}, {OWN!r} nor x<multiplier>")
     return float(label[1:])
 
 
@@ -113,19 +120,33 @@ def lr_keys(cfg: StudyConfig) -> list[tuple[str, float]]:
     return sorted(keys, key=lambda k: (OPTIMIZERS.index(k[0]), k[1]))
 
 
-def grid_cell(cfg: StudyConfig, optimizer: str, momentum: float, multiplier: float) -> Cell:
-    """One LR-grid run: sync, the selection seed (config checks that it is not an evaluation seed), the main
-    budget and model."""
-    return Cell(optimizer, lr_label(multiplier), main_head(cfg), "sync", "none", 1, float(momentum),
+def arm_keys(cfg: StudyConfig) -> list[tuple[str, float, str, int]]:
+    """(optimizer, momentum, schedule, depth) of every arm that gets an LR of its own (issue 37): each `lr_keys` pair
+    on sync and on 2bw, and the PipeDream schedules of the depth sweep at each depth (its optimizers at their default
+    momentum). Depth is 1 except for PipeDream."""
+    keys = [(o, m, s, 1) for o, m in lr_keys(cfg) for s in ("sync", "2bw")]
+    dw = cfg.sweeps.depth
+    keys += [(o, default_momentum(o), s, int(P)) for o in dw.optimizers for s in dw.schedules for P in dw.depths]
+    return sorted(set(keys), key=lambda k: (OPTIMIZERS.index(k[0]), k[1], SCHEDULES.index(k[2]), k[3]))
+
+
+def grid_cell(cfg: StudyConfig, optimizer: str, momentum: float, multiplier: float, schedule: str = "sync",
+              depth: int = 1) -> Cell:
+    """One LR-grid run: the arm's schedule, the selection seed (config checks that it is not an evaluation seed),
+    the main budget and model (PipeDream untied: a tied head cannot be fresh at its last stage)."""
+    head = "untied" if schedule.startswith("pipedream") else main_head(cfg)
+    return Cell(optimizer, lr_label(multiplier), head, schedule, "none", int(depth), float(momentum),
                 cfg.train.steps, cfg.lr_selection.seed)
 
 
 def grid_cells(cfg: StudyConfig, extension: list[dict] | None = None) -> list[Cell]:
-    """The LR grid's first round (every key x every configured multiplier), or the cells of an extension round
-    (`extension`: [{optimizer, momentum, multiplier}], lr_select.extension_round)."""
+    """The LR grid's first round (every arm x every configured multiplier), or the cells of an extension round
+    (`extension`: [{optimizer, momentum, schedule, depth, multiplier}], lr_select.extension_round)."""
     if extension is not None:
-        return sorted(grid_cell(cfg, e["optimizer"], e["momentum"], e["multiplier"]) for e in extension)
-    return sorted(grid_cell(cfg, o, mom, m) for o, mom in lr_keys(cfg) for m in cfg.lr_selection.multipliers)
+        return sorted(grid_cell(cfg, e["optimizer"], e["momentum"], e["multiplier"], e.get("schedule", "sync"),
+                                e.get("depth", 1)) for e in extension)
+    return sorted(grid_cell(cfg, o, mom, m, s, d) for o, mom, s, d in arm_keys(cfg)
+                  for m in cfg.lr_selection.multipliers)
 
 
 def gate_steps(steps: int) -> int:
@@ -151,19 +172,23 @@ def cells(cfg: StudyConfig) -> list[Cell]:
     head0 = main_head(cfg)
     out: set[Cell] = set(grid_cells(cfg))
 
-    def add(opt, schedule, mitigation="none", depth=1, momentum=None, n_steps=T, head=head0):
+    def add(opt, schedule, mitigation="none", depth=1, momentum=None, n_steps=T, head=head0, lrs=(OWN,)):
         mom = default_momentum(opt) if momentum is None else float(momentum)
         depth = int(depth) if schedule.startswith("pipedream") else 1
         if schedule.startswith("pipedream") and head == "tied":
             raise UserError("async_pp: pipedream cells need an untied head (the depth sweep unties it)")
         for s in seeds:
-            out.add(Cell(opt, TUNED, head, schedule, mitigation, depth, mom, int(n_steps), s))
+            for lr in (TUNED,) if schedule == "sync" else lrs:
+                out.add(Cell(opt, lr, head, schedule, mitigation, depth, mom, int(n_steps), s))
 
+    both = set(secondary_optimizers(cfg))
     for opt, mom, head in f_keys(cfg):
+        # the sync-tuned LR (secondary) where the length table shows it: each optimizer at its default momentum
+        lrs = (OWN, TUNED) if opt in both and mom == default_momentum(opt) and head == head0 else (OWN,)
         for n in sw.ladder.of(opt):
             add(opt, "sync", momentum=mom, n_steps=n, head=head)
         for n in (T, gate_steps(T)):
-            add(opt, "2bw", momentum=mom, n_steps=n, head=head)
+            add(opt, "2bw", momentum=mom, n_steps=n, head=head, lrs=lrs)
     for opt in sw.mitigation.optimizers:
         for mit in sw.mitigation.mitigations:
             add(opt, "2bw", mit)
@@ -173,8 +198,15 @@ def cells(cfg: StudyConfig) -> list[Cell]:
                 add(opt, schedule, depth=P, head="untied")
     for opt in sw.length.optimizers:
         for n in sw.length.steps:
-            add(opt, "2bw", n_steps=n)
+            add(opt, "2bw", n_steps=n, lrs=(OWN, TUNED))
     return sorted(out)
+
+
+def secondary_optimizers(cfg: StudyConfig) -> list[str]:
+    """The optimizers whose 2bw runs also train at the sync-tuned LR (the secondary reading of f, issue 37): those
+    of the length table (main and length sweeps, at their default momentum), at T, 2T and every length."""
+    sw = cfg.sweeps
+    return list(dict.fromkeys([*sw.main.optimizers, *sw.length.optimizers]))
 
 
 def metrics(cfg: StudyConfig, root: str) -> list[str]:

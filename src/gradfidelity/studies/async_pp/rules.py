@@ -108,18 +108,23 @@ def data_files(cfg: StudyConfig, root: str, always: bool = False) -> dict[str, s
 
 
 def train_input(selection: str, data: dict[str, str]):
-    """Named inputs of a training cell: the LR selection (a tuned cell only; a grid cell lr~x<m> needs none) and the
-    prepared corpus's meta.json (a `file` corpus; the run checks every split against it)."""
+    """Named inputs of a training cell: the LR selection (a tuned or own cell only; a grid cell lr~x<m> needs none) and
+    the prepared corpus's meta.json (a `file` corpus; the run checks every split against it)."""
 
     def _input(wildcards):
-        out = {"selection": selection} if wildcards.lr == plan.TUNED else {}
+        out = {"selection": selection} if wildcards.lr in (plan.TUNED, plan.OWN) else {}
         return {**out, **({"data": data["meta"]} if data else {})}
 
     return _input
 
 
 def lr_arg(wildcards, input) -> str:
-    return f"--lr-selection {shlex.quote(str(input.selection))}" if wildcards.lr == plan.TUNED else ""
+    return f"--lr-selection {shlex.quote(str(input.selection))}" if wildcards.lr in (plan.TUNED, plan.OWN) else ""
+
+
+def near_tie_arg(cfg: StudyConfig) -> str:
+    """The selection's `--near-tie-sd` (lr_selection.near_tie_sd as one shell-quoted JSON object)."""
+    return shlex.quote(json.dumps(dict(cfg.lr_selection.near_tie_sd), sort_keys=True))
 
 
 def data_arg(wildcards, input) -> str:

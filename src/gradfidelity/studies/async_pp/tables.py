@@ -19,13 +19,15 @@ from gradfidelity.claims.evidence import level_for
 from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.async_pp.lr_select import RULE
 from gradfidelity.studies.async_pp.pairing import Fractions, Gaps, Paired, Spec, ef_recovery, fractions, transient
+from gradfidelity.studies.async_pp.plan import OWN, TUNED, secondary_optimizers
 from gradfidelity.tables import write_table
 
 GATE_NOTE = ("gate = the transient gate of the row's optimizer at the row's budget T (pairing.transient): pass when "
-             "the t interval of f(2T) - f(T) over the paired seeds contains 0 (the delay's cost has stopped changing "
-             "with the budget) and the sync loss falls from T to 2T by more than 4 standard errors of the gap at T "
-             "(not saturated); else 'transient' and/or 'saturated', and every claim that reads the row is not "
-             "measured")
+             "a paired TOST shows f(2T) - f(T) within +-0.05 (its 90% t interval inside the margin: the delay's "
+             "cost has stopped changing with the budget) and the sync loss falls from T to 2T (its 95% interval "
+             "above 0); else 'transient' (a narrow interval reaching outside the margin), 'noisy' (an interval "
+             "wider than the margin: more seeds needed) and/or 'saturated' (the sync loss does not fall), and every "
+             "claim that reads the row is not measured")
 F_NOTE = ("f = S*/T: S* = the sync budget whose final loss equals the async run's, interpolated linearly in "
           "log(steps) between the ladder's budgets (each a full run with its own LR schedule) of the same optimizer, "
           "momentum, head and seed; lost_pct = 100 (1 - f), the compute the delay costs; f_low/f_high: the t "
@@ -57,8 +59,8 @@ def _f_cols(fr: Fractions, name: str, level: float) -> dict:
     return {"f": _mean(f), "f_low": low, "f_high": high, "lost_pct": _mean(100 * (1 - f))}
 
 
-def _gate_cell(g: Gaps, opt: str, steps: int | None = None, momentum=None) -> str:
-    rec, info = transient(g, opt, momentum=momentum, steps=steps, level=level_for("B1"))
+def _gate_cell(g: Gaps, opt: str, steps: int | None = None, momentum=None, lr: str = OWN) -> str:
+    rec, info = transient(g, opt, momentum=momentum, steps=steps, level=level_for("B1"), lr=lr)
     if rec["passed"]:
         return "pass"
     return info.get("reason") or rec["reason"].split(": ", 1)[-1]
@@ -72,8 +74,12 @@ def main_table(g: Gaps) -> pd.DataFrame:
         p = fr.p
         gap = p["2bw"] - p["sync"]
         gap_low, gap_high = _ci(gap, level)
+        f_sync_lr = math.nan
+        if opt in secondary_optimizers(g.cfg):
+            f_sync_lr = _mean(fractions(g, {"a": Spec(opt, "2bw", lr=TUNED)}).f["a"])
         rows.append({"optimizer": opt, "sync": _mean(p["sync"]), "async_2bw": _mean(p["2bw"]),
-                     **_f_cols(fr, "2bw", level), "gate": _gate_cell(g, opt), "gap": _mean(gap),
+                     **_f_cols(fr, "2bw", level), "f_sync_lr": f_sync_lr, "gate": _gate_cell(g, opt),
+                     "gap": _mean(gap),
                      "gap_low": gap_low, "gap_high": gap_high, "seeds": p.n, "diverged": _diverged_cell(p, fr)})
     return pd.DataFrame(rows)
 
@@ -86,6 +92,7 @@ def _ladder_key_rows(g: Gaps, opt: str, momentum=None, label: str = "") -> list[
     lad = g.paired({n: Spec(opt, momentum=momentum, steps=n) for n in ladder})
     async_at = {g.steps, 2 * g.steps} | ({int(n) for n in g.cfg.sweeps.length.steps}
                                          if opt in g.cfg.sweeps.length.optimizers and momentum is None else set())
+    secondary = momentum is None and opt in secondary_optimizers(g.cfg)
     rows = []
     for i, n in enumerate(ladder):
         row = {"optimizer": label or opt, "steps": n, "tokens": n * tok, "sync": _mean(lad[n])}
@@ -101,6 +108,14 @@ def _ladder_key_rows(g: Gaps, opt: str, momentum=None, label: str = "") -> list[
             row["gate"] = (_gate_cell(g, opt, n, momentum) if 2 * n in async_at
                            else f"n/a (no 2bw run at {2 * n} steps)")
             row["seeds"], row["diverged"] = fr.n, _diverged_cell(fr.p, fr)
+            if secondary:  # the same budget at the LR chosen on sync (issue 37's secondary reading)
+                fr2 = fractions(g, {"a": Spec(opt, "2bw", momentum=momentum, steps=n, lr=TUNED)})
+                cols = _f_cols(fr2, "a", level_for("B7"))
+                row.update({"async_2bw_sync_lr": _mean(fr2.p["a"]), "f_sync_lr": cols["f"],
+                            "f_sync_lr_low": cols["f_low"], "f_sync_lr_high": cols["f_high"],
+                            "gate_sync_lr": (_gate_cell(g, opt, n, momentum, lr=TUNED) if 2 * n in async_at
+                                             else "n/a"),
+                            "seeds_sync_lr": fr2.n})
         else:
             row["gate"], row["seeds"], row["diverged"] = "-", lad.n, _diverged_cell(lad)
         rows.append(row)
@@ -113,7 +128,8 @@ def length_table(g: Gaps) -> pd.DataFrame:
     sw = g.cfg.sweeps
     opts = list(dict.fromkeys([*sw.main.optimizers, *sw.length.optimizers]))
     cols = ["optimizer", "steps", "tokens", "sync", "fall_per_doubling", "fall_se", "async_2bw", "f", "f_low",
-            "f_high", "lost_pct", "gap", "gate", "seeds", "diverged"]
+            "f_high", "lost_pct", "gap", "gate", "async_2bw_sync_lr", "f_sync_lr", "f_sync_lr_low", "f_sync_lr_high",
+            "gate_sync_lr", "seeds", "seeds_sync_lr", "diverged"]
     return pd.DataFrame([r for o in opts for r in _ladder_key_rows(g, o)], columns=cols)
 
 
@@ -166,8 +182,10 @@ def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv:
     gap = ("gap = async - sync at the same budget per seed, then the mean (nats, secondary); gap_low/gap_high: its t "
            "interval")
     write_table(main_table(g), main_csv,
-                title="Study B: the one-step delay as lost compute, at the LR chosen on sync",
-                notes=[note, paired, F_NOTE, gap, GATE_NOTE])
+                title="Study B: the one-step delay as lost compute, each arm at its own LR",
+                notes=[note, paired, F_NOTE, "f: 2bw at its own LR (lr~own, the primary); f_sync_lr: 2bw at the LR "
+                       "chosen on sync (lr~tuned, secondary; its own paired seeds, no interval here: "
+                       "async_pp_length)", gap, GATE_NOTE])
     write_table(mitigations_table(g), mitig_csv, title="Study B: mitigations of the one-step delay",
                 notes=[note, paired, F_NOTE, "recovered_pct_<m> = 100 (f(2bw + m) - f(2bw)) / (1 - f(2bw)) per seed, "
                        "then the mean: the share of the lost compute the mitigation wins back (nan if 2bw loses no "
@@ -184,6 +202,10 @@ def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv:
                            "per seed, then the mean; fall_se its standard error: a corpus in the paper's regime keeps "
                            "this clearly above 0 at every budget (the embedded corpus of round 2 did not)",
                            F_NOTE, GATE_NOTE + "; n/a where the ladder has no 2bw run at twice the budget",
+                           "f, gate: the 2bw arm at its own LR (lr~own, chosen on 2bw: every claim's primary); "
+                           "*_sync_lr: the same budget at the LR chosen on sync (lr~tuned, the secondary reading: the "
+                           "delay's cost at an LR the async arm did not choose), over its own paired seeds "
+                           "(seeds_sync_lr)",
                            "B7 reads f at the longest length against f at the smallest length whose gate passes"])
     if momentum_csv:
         write_table(momentum_table(g), momentum_csv, title="Study B: lost compute by momentum (B4)",
@@ -193,12 +215,15 @@ def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv:
 
 
 def lr_selection_table(doc: dict) -> pd.DataFrame:
-    """The selection document (lr_select.select): per optimizer and momentum the grid's final sync losses, the
-    points added past the configured grid, and the choice."""
+    """The selection document (lr_select.select): per arm (optimizer, momentum, schedule, depth) the grid's final
+    validation losses, the points added past the configured grid, the best point and the choice (a near-tie moves
+    it one step down)."""
     rows = []
     for c in doc["choices"]:
-        row = {"optimizer": c["optimizer"], "momentum": c["momentum"], "default_lr": c["default_lr"],
-               "chosen_multiplier": c["multiplier"], "chosen_lr": c["lr"],
+        row = {"optimizer": c["optimizer"], "momentum": c["momentum"], "schedule": c.get("schedule", "sync"),
+               "depth": c.get("depth", 1), "lr_label": "tuned" if c.get("schedule", "sync") == "sync" else "own",
+               "default_lr": c["default_lr"], "chosen_multiplier": c["multiplier"], "chosen_lr": c["lr"],
+               "best_multiplier": c.get("best_multiplier", c["multiplier"]), "near_tie": c.get("near_tie", False),
                "extended": " ".join(f"x{m:g}" for m in c["extended"]) or "-", "bracketed": c["bracketed"]}
         for r in c["grid"]:
             row[f"loss_x{r['multiplier']:g}"] = r["final_val_loss"]
@@ -211,10 +236,17 @@ def lr_selection_table(doc: dict) -> pd.DataFrame:
 def write_lr_selection(doc: dict, table_csv: str) -> None:
     seeds = sorted({r["seed"] for c in doc["choices"] for r in c["grid"]})
     base = ", ".join(f"x{m:g}" for m in doc["base_multipliers"])
-    write_table(lr_selection_table(doc), table_csv, title="Study B: learning-rate selection on the sync schedule",
+    sds = ", ".join(f"{o} {v:g}" for o, v in (doc.get("near_tie_sd") or {}).items()) or "none (exact ties only)"
+    write_table(lr_selection_table(doc), table_csv,
+                title="Study B: learning-rate selection, each arm (sync, 2bw, PipeDream per depth) on its own grid",
                 notes=[f"scale {doc['scale']}; rule: {RULE}", f"selection seed(s) {seeds} (not evaluation seeds); "
-                       "loss_x<m> = final sync validation loss at m x the default LR, nan = diverged, blank = not "
-                       "trained for this row",
+                       "loss_x<m> = final validation loss of the row's schedule at m x the default LR, nan = "
+                       "diverged, blank = not trained for this row",
+                       "lr_label = the cells that train at the row's choice: tuned (sync's choice: every sync cell "
+                       "and the secondary async column) or own (the async arm's choice: every claim's primary, and "
+                       "the mitigations on top of it)",
                        f"configured grid {base}; extended = points added 2x past a winning edge, round by round "
-                       "(Snakemake checkpoint async_pp_lr_round); bracketed = the choice has a grid point on both "
-                       "sides (False: it is still at an edge after lr_selection.max_extensions points)"])
+                       "(Snakemake checkpoint async_pp_lr_round); bracketed = the best point has a grid point on both "
+                       "sides (False: it is still at an edge after lr_selection.max_extensions points)",
+                       f"near_tie = the next smaller point was within the optimizer's seed-to-seed sd of the best "
+                       f"(best_multiplier) and was chosen instead (one step; sd per optimizer: {sds})"])

@@ -6,7 +6,8 @@ seed, threads): batches are drawn by (seed, step), checkpoints hold the model, t
 history, so a killed and resumed run ends with the same numbers.
 
 The LR: `lr~x<m>` cells (the selection grid) train at m x the default LR (config.DEFAULTS); `lr~tuned` cells read the
-chosen LR from the selection file (lr_select.py). The head: `head~untied` unties the LM head from the embedding.
+LR chosen on sync from the selection file (lr_select.py), `lr~own` cells the LR chosen on their own schedule (2bw,
+or PipeDream at their depth). The head: `head~untied` unties the LM head from the embedding.
 `epochs` = the share of the training split its batches draw (data.check_epochs refuses more than
 `data.max_epochs`). The cell's wildcards go into the run's records (`Run(cell=...)`): the
 aggregations read a run's identity there, never from its path.
@@ -33,7 +34,7 @@ from gradfidelity.studies.async_pp.delay import DelaySimulator, DelaySpec, model
 from gradfidelity.studies.async_pp.lr_select import tuned_lr
 from gradfidelity.studies.async_pp.model import DTYPES, build_model, lm_loss, n_params, stage_of_params
 from gradfidelity.studies.async_pp.optimizers import build_optimizer, lr_factor, set_lr_factor
-from gradfidelity.studies.async_pp.plan import TUNED, Cell, lr_multiplier
+from gradfidelity.studies.async_pp.plan import OWN, TUNED, Cell, lr_multiplier
 
 
 def delay_spec(cfg: StudyConfig, cell: Cell) -> DelaySpec:
@@ -53,16 +54,18 @@ def delay_spec(cfg: StudyConfig, cell: Cell) -> DelaySpec:
                      taylor_lambda=d.taylor_lambda, taylor_adaptive=d.taylor_adaptive, taylor_ema=d.taylor_ema)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # no autograd bookkeeping at all (no_grad still tracks versions); same kernels, same numbers
 def evaluate(model, val_batches) -> float:
     return sum(float(lm_loss(model(x), y)) for x, y in val_batches) / len(val_batches)
 
 
 def cell_lr(cell: Cell, lr_selection: str | None) -> float:
-    if cell.lr == TUNED:
+    if cell.lr in (TUNED, OWN):
         if not lr_selection:
-            raise UserError(f"async_pp cell {cell.dir()}: lr~tuned needs the LR selection file (--lr-selection)")
-        return tuned_lr(lr_selection, cell.optimizer, cell.momentum)
+            raise UserError(f"async_pp cell {cell.dir()}: lr~{cell.lr} needs the LR selection file (--lr-selection)")
+        if cell.lr == TUNED:
+            return tuned_lr(lr_selection, cell.optimizer, cell.momentum)
+        return tuned_lr(lr_selection, cell.optimizer, cell.momentum, cell.schedule, cell.depth)
     return DEFAULTS[cell.optimizer]["lr"] * lr_multiplier(cell.lr)
 
 
@@ -86,8 +89,10 @@ def run_cell(cfg: StudyConfig, cell: Cell, run_dir: str | Path, threads: int,
     record = {"cell": {k: getattr(cell, k) for k in cell.__dataclass_fields__}, "model": asdict(cfg.model),
               "data": asdict(cfg.data), "train": asdict(tc), "delay": asdict(cfg.delay) if cfg.delay else None,
               "lr": lr}
+    # No memory sampler: study B reads no memory number, and the sampler's thread (a /proc read every 50 ms, holding
+    # the GIL) competes with the one training thread for its core (issue 37's profile).
     with Run(out, study=STUDY, config=record, seed=cell.seed, threads=threads,
-             checkpoint_every=tc.checkpoint_every, cell=cell.wildcards()) as run:
+             checkpoint_every=tc.checkpoint_every, cell=cell.wildcards(), sample_memory=False) as run:
         stream = build_stream(cfg.data, tc.seq_len, tc.batch_size, cell.seed, data_dir)
         epochs = check_epochs(stream, cell.steps, cfg.data.max_epochs)
         mcfg = replace(cfg.model, tie_embeddings=cell.head == "tied").with_vocab(stream.vocab_size)
