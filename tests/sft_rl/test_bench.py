@@ -2,7 +2,6 @@
 measured, the interval of the median from order statistics; timings are never asserted."""
 
 import json
-import math
 
 import pytest
 from scipy import stats
@@ -11,18 +10,13 @@ from gradfidelity.studies.sft_rl import bench
 from tests.sft_rl._config import make_cfg
 
 
-def test_median_interval_is_the_binomial_order_statistics():
-    values = [float(v) for v in range(15, 0, -1)]  # 15 values, unsorted on purpose
-    lo, hi = bench.median_interval(values)
-    # the 4th and 12th smallest: P(Bin(15, 1/2) <= 3) = 0.0176 <= 0.025 < P(<= 4)
-    assert (lo, hi) == (4.0, 12.0)
-    assert 1 - 2 * stats.binom.cdf(3, 15, 0.5) >= 0.95
-    assert all(math.isnan(x) for x in bench.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]))  # 93.75% at most
-
-
-def test_ratio_summary_is_per_round():
+def test_ratio_summary_is_per_round_with_the_order_statistics_interval():
     s = bench.ratio_summary([1.0, 3.0, 2.0], [2.0, 2.0, 2.0])
     assert s["per_round"] == [0.5, 1.5, 1.0] and s["median"] == 1.0
+    assert s["ci95"] == [None, None]  # 3 rounds hold no 95% interval of a median
+    s = bench.ratio_summary([float(v) for v in range(15, 0, -1)], [1.0] * 15)
+    # the 4th and 12th smallest: P(Bin(15, 1/2) <= 3) = 0.0176 <= 0.025 < P(<= 4)
+    assert s["ci95"] == [4.0, 12.0] and 1 - 2 * stats.binom.cdf(3, 15, 0.5) >= 0.95
 
 
 def test_matmul_rate_is_flops_over_measured_time(monkeypatch):

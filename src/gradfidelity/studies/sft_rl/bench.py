@@ -7,7 +7,7 @@ the study's own trainers, DeepSpeed engine, thread count and deterministic algor
    3), `padded_no_fill` (the fill off alone) and `trimmed` (the fill off and rl.length_groups micro-batches cut to
    their longest row: round 4). Per path: the median ms per step and per rollout, and its generation part; the
    headline is the median over rounds of the per-round ratio trimmed / padded (a round = one step of each path, in
-   rotating order), with an order-statistic 95% interval; the two factors of it are reported beside it.
+   rotating order), with an order-statistic 95% interval (stats.intervals.median_interval); its two factors beside.
 2. The SFT step (micro-batch x GA of the study), the fill on against off, the same way.
 3. The FLOP floor: FLOPs per rollout (flops.py's count, 6N per trained token + 2N per generated token, from the
    trainer's own token counts over the timed steps of the path) divided by an fp32 matmul rate measured in the same
@@ -18,18 +18,17 @@ The goal of the round-4 issue: the trimmed path within 3x of the floor. Tests ne
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from pathlib import Path
 
 import torch
-from scipy import stats
 
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.provenance import cpu_model, package_versions
 from gradfidelity.harness.seeding import seed_everything
 from gradfidelity.harness.threads import configure_threads
+from gradfidelity.stats.intervals import median_interval
 from gradfidelity.studies.sft_rl import infra, models
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.flops import flops
@@ -52,21 +51,11 @@ def matmul_gflops(rows: int, inner: int, cols: int, reps: int = 20) -> float:
     return 2.0 * rows * inner * cols / statistics.median(times) / 1e9
 
 
-def median_interval(values: list[float], level: float = 0.95) -> list[float]:
-    """Distribution-free interval of the median: the order statistics whose binomial coverage is >= `level`
-    (nan when there are too few values)."""
-    v = sorted(values)
-    n = len(v)
-    lo = int(stats.binom.ppf((1 - level) / 2, n, 0.5))  # the j with P(Bin(n, 1/2) <= j) >= alpha / 2
-    if lo < 1 or n - lo < lo:
-        return [math.nan, math.nan]
-    return [v[lo - 1], v[n - lo]]
-
-
 def ratio_summary(num: list[float], den: list[float]) -> dict:
     """Per-round ratios num / den, their median and its interval."""
     ratios = [a / b for a, b in zip(num, den, strict=True)]
-    return {"median": statistics.median(ratios), "ci95": median_interval(ratios), "per_round": ratios}
+    iv = median_interval(ratios, 0.95)
+    return {"median": iv.estimate, "ci95": [iv.low, iv.high], "per_round": ratios}
 
 
 def set_fill(on: bool) -> None:
