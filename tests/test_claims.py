@@ -222,4 +222,90 @@ def test_an_unmeasured_part_gives_its_own_reason_not_n():
     row = dict(ROW, check={"kind": "true", "parts": {"vs_a": {"kind": "gt", "threshold": 0},
                                                      "vs_b": {"kind": "gt", "threshold": 0}}})
     record = ev.with_parts({"vs_a": rec(2.0, 1.0, 3.0), "vs_b": ev.not_measured("method b is not configured")})
-    assert judge(row, record, True, "cpu") == (NOT_MEASURED, "part vs_b: method b is not configured")
+    assert judge(row, record, True, "cpu") == (NOT_MEASURED, "part vs_b: method b is not configured; "
+                                                             "decided: vs_a reproduced")
+
+
+PARTS_ROW = dict(ROW, check={"kind": "true", "parts": {"vs_a": {"kind": "gt", "threshold": 0},
+                                                       "vs_b": {"kind": "gt", "threshold": 0},
+                                                       "vs_c": {"kind": "gt", "threshold": 0}}})
+
+
+def test_a_part_not_reproduced_decides_the_claim_whatever_an_unmeasured_part_says():
+    """An AND with a false part is false: one part not reproduced and one not measured read not reproduced, the
+    reason naming the false part and the unmeasured one with its own reason."""
+    record = ev.with_parts({"vs_a": rec(-2.0, -3.0, -1.0), "vs_b": ev.not_measured("b: transient"),
+                            "vs_c": rec(2.0, 1.0, 3.0)})
+    verdict, reason = judge(PARTS_ROW, record, True, "cpu")
+    assert verdict == NOT_REPRODUCED
+    assert reason == (f"vs_a: {NOT_REPRODUCED}; vs_b: {NOT_MEASURED} (b: transient); vs_c: {REPRODUCED}")
+
+
+def test_a_decided_part_is_listed_when_another_part_is_not_measured():
+    record = ev.with_parts({"vs_a": rec(2.0, 1.0, 3.0), "vs_b": ev.not_measured("b: transient"),
+                            "vs_c": rec(0.5, -1.0, 2.0)})
+    assert judge(PARTS_ROW, record, True, "cpu") == (
+        NOT_MEASURED, "part vs_b: b: transient; decided: vs_a reproduced, vs_c inconclusive")
+    two_missing = ev.with_parts({"vs_a": rec(2.0, 1.0, 3.0), "vs_b": ev.not_measured("b: transient"),
+                                 "vs_c": ev.not_measured("c: saturated")})
+    assert judge(PARTS_ROW, two_missing, True, "cpu") == (
+        NOT_MEASURED, "part vs_b: b: transient; part vs_c: c: saturated; decided: vs_a reproduced")
+
+
+def test_a_part_is_judged_by_its_own_gates_and_the_claims_gates_apply_to_every_part():
+    """A part failing its own gate is not measured even with a clear interval, and a sibling whose gates pass is
+    decided; a failing claim gate (shared by every part) leaves the claim not measured even with a false part."""
+    fail_b = [ev.gate("transient", False, "b at 60 steps: transient")]
+    pass_ = [ev.gate("transient", True, "ok")]
+    record = ev.with_parts({"vs_a": rec(2.0, 1.0, 3.0, gates=pass_), "vs_b": rec(2.0, 1.0, 3.0, gates=fail_b),
+                            "vs_c": rec(2.0, 1.0, 3.0, gates=pass_)})
+    assert judge(PARTS_ROW, record, True, "cpu") == (
+        NOT_MEASURED, "part vs_b: gate failed: transient: b at 60 steps: transient; "
+                      "decided: vs_a reproduced, vs_c reproduced")
+    record["parts"]["vs_a"] = rec(-2.0, -3.0, -1.0, gates=pass_)
+    assert judge(PARTS_ROW, record, True, "cpu")[0] == NOT_REPRODUCED
+    record["gates"] = [ev.gate("transient", False, "adamw at 60 steps: noisy")]
+    assert judge(PARTS_ROW, record, True, "cpu") == (NOT_MEASURED,
+                                                     "gate failed: transient: adamw at 60 steps: noisy")
+
+
+def test_all_parts_reproduced_is_reproduced():
+    record = ev.with_parts({k: rec(2.0, 1.0, 3.0) for k in ("vs_a", "vs_b", "vs_c")})
+    assert judge(PARTS_ROW, record, True, "cpu") == (
+        REPRODUCED, f"vs_a: {REPRODUCED}; vs_b: {REPRODUCED}; vs_c: {REPRODUCED}")
+
+
+def test_min_n_applies_to_each_part_and_a_shared_shortfall_is_said_once():
+    short = ev.with_parts({k: rec(2.0, 1.0, 3.0, n=2) for k in ("vs_a", "vs_b", "vs_c")})
+    assert judge(PARTS_ROW, short, True, "cpu") == (NOT_MEASURED, "n = 2 < min_n = 3")
+    one_short = ev.with_parts({"vs_a": rec(-2.0, -3.0, -1.0), "vs_b": rec(2.0, 1.0, 3.0, n=2),
+                               "vs_c": rec(2.0, 1.0, 3.0)})
+    assert one_short["n"] == 2 and judge(PARTS_ROW, one_short, True, "cpu")[0] == NOT_REPRODUCED
+    one_short["parts"]["vs_a"] = rec(2.0, 1.0, 3.0)
+    assert judge(PARTS_ROW, one_short, True, "cpu") == (
+        NOT_MEASURED, "part vs_b: n = 2 < min_n = 3; decided: vs_a reproduced, vs_c reproduced")
+
+
+def test_verify_lists_each_parts_own_gates():
+    row = dict(PARTS_ROW, id="X1", study="s")
+    shared = [ev.gate("transient", True, "adamw ok")]
+    record = ev.with_parts({"vs_a": rec(2.0, 1.0, 3.0, gates=[ev.gate("transient", True, "a ok")]),
+                            "vs_b": ev.not_measured("b: transient", gates=[ev.gate("transient", False, "b")]),
+                            "vs_c": rec(2.0, 1.0, 3.0, gates=shared)}, gates=shared)
+    out = verify([row], {"s": {"values": {"X1": record}, "path": "e.json"}}, "cpu").iloc[0]
+    assert out["gates"] == "transient=pass; vs_a: transient=pass; vs_b: transient=FAIL"
+    assert out["verdict"] == NOT_MEASURED and "decided: vs_a reproduced, vs_c reproduced" in out["reason"]
+
+
+def test_verify_shows_the_n_of_the_parts_that_decided_a_claim_not_reproduced():
+    """A claim decided by a false part while another part has no value (n = 0) shows the decided parts' n, so that
+    no decided claim reads n < min_n."""
+    row = dict(PARTS_ROW, id="X1", study="s")
+    record = ev.with_parts({"vs_a": rec(-2.0, -3.0, -1.0, n=4), "vs_b": ev.not_measured("b: no seed finished"),
+                            "vs_c": rec(2.0, 1.0, 3.0, n=5)})
+    assert record["n"] == 0
+    out = verify([row], {"s": {"values": {"X1": record}, "path": "e.json"}}, "cpu").iloc[0]
+    assert out["verdict"] == NOT_REPRODUCED and out["n"] == 4
+    record["parts"]["vs_a"] = rec(2.0, 1.0, 3.0, n=4)
+    out = verify([row], {"s": {"values": {"X1": record}, "path": "e.json"}}, "cpu").iloc[0]
+    assert out["verdict"] == NOT_MEASURED and out["n"] == 0

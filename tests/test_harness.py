@@ -297,6 +297,54 @@ def test_git_state_names_the_modified_tracked_files(tmp_path):
     (tmp_path / "new.py").write_text("untracked\n")  # untracked files are not the run's code
     state = git_state(tmp_path)
     assert state["git_dirty"] is True and state["git_dirty_files"] == ["b.py"]
+    assert state["git_dirty_outputs"] == []
+
+
+def test_git_state_keeps_the_runs_own_outputs_apart_from_the_code(tmp_path):
+    """A DAG rewrites tracked outputs (results/, paper_tables/, figures/) while its later runs train: they are
+    listed in git_dirty_outputs and do not make git_dirty true; a changed source file does, wherever the run's
+    working directory is inside the checkout."""
+    import subprocess
+
+    from gradfidelity.harness.provenance import git_state
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    files = {"src/pkg/train.py": "x = 1\n", "results/cpu/bench/b.json": "{}\n", "paper_tables/cpu/t.csv": "a\n",
+             "figures/cpu/f.svg": "<svg/>\n", "docs/results/notes.md": "n\n", "results.md": "r\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    clean = git_state(tmp_path)
+    assert (clean["git_dirty"], clean["git_dirty_files"], clean["git_dirty_outputs"]) == (False, [], [])
+
+    for name in ("results/cpu/bench/b.json", "paper_tables/cpu/t.csv", "figures/cpu/f.svg"):
+        (tmp_path / name).write_text("rewritten by the DAG\n")
+    (tmp_path / "results/cpu/new_untracked.json").write_text("{}\n")
+    outputs_only = git_state(tmp_path)
+    assert outputs_only["git_dirty"] is False and outputs_only["git_dirty_files"] == []
+    assert outputs_only["git_dirty_outputs"] == ["figures/cpu/f.svg", "paper_tables/cpu/t.csv",
+                                                 "results/cpu/bench/b.json"]
+
+    for name in ("src/pkg/train.py", "docs/results/notes.md", "results.md"):  # only top-level folders are outputs
+        (tmp_path / name).write_text("edited\n")
+    git("mv", "paper_tables/cpu/t.csv", "paper_tables/cpu/u.csv")  # a rename names its new path once
+    state = git_state(tmp_path / "src" / "pkg")  # paths stay relative to the repository root
+    assert state["git_dirty"] is True
+    assert state["git_dirty_files"] == ["docs/results/notes.md", "results.md", "src/pkg/train.py"]
+    assert state["git_dirty_outputs"] == ["figures/cpu/f.svg", "paper_tables/cpu/u.csv", "results/cpu/bench/b.json"]
+
+
+def test_git_state_outside_a_repository_is_unknown(tmp_path):
+    from gradfidelity.harness.provenance import git_state
+
+    state = git_state(tmp_path)
+    assert state == {"git_sha": "unknown", "git_dirty": None, "git_dirty_files": None, "git_dirty_outputs": None}
 
 
 def test_run_args_parse_the_cell_and_refuse_a_bad_one(capsys):

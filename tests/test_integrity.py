@@ -188,6 +188,43 @@ def test_a_stale_provenance_is_removed_when_a_run_starts_and_refused_by_readers(
         runs_table([out / "metrics.json"])
 
 
+def test_runs_table_keeps_the_runs_own_outputs_apart_and_reads_older_records(tmp_path, monkeypatch):
+    """A run whose only changed tracked files are outputs reads clean, with the outputs in their own column; an
+    older provenance (no git_dirty_outputs) is split from its git_dirty_files; one without the list keeps its
+    flag."""
+    repo = tmp_path / "checkout"
+    (repo / "src").mkdir(parents=True)
+    (repo / "results" / "cpu").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "src" / "a.py").write_text("x = 1\n")
+    (repo / "results" / "cpu" / "bench.json").write_text("{}\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    (repo / "results" / "cpu" / "bench.json").write_text('{"ms": 1}\n')
+    monkeypatch.chdir(repo)
+    row = runs_table([_finished_run(tmp_path / "r0")]).iloc[0]
+    assert (row["git_dirty"], row["git_dirty_files"], row["git_dirty_outputs"]) == (
+        False, "", "results/cpu/bench.json")
+    (repo / "src" / "a.py").write_text("x = 2\n")
+    row = runs_table([_finished_run(tmp_path / "r1")]).iloc[0]
+    assert (row["git_dirty"], row["git_dirty_files"], row["git_dirty_outputs"]) == (
+        True, "src/a.py", "results/cpu/bench.json")
+
+    prov_path = tmp_path / "r1" / "provenance.json"
+    old = json.loads(prov_path.read_text())
+    del old["git_dirty_outputs"]
+    old.update(git_dirty=True, git_dirty_files=["paper_tables/cpu/t.csv", "results/cpu/bench.json"])
+    prov_path.write_text(json.dumps(old))
+    row = runs_table([tmp_path / "r1" / "metrics.json"]).iloc[0]
+    assert (row["git_dirty"], row["git_dirty_files"], row["git_dirty_outputs"]) == (
+        False, "", "paper_tables/cpu/t.csv results/cpu/bench.json")
+    del old["git_dirty_files"]
+    prov_path.write_text(json.dumps(old))
+    row = runs_table([tmp_path / "r1" / "metrics.json"]).iloc[0]
+    assert (row["git_dirty"], row["git_dirty_files"], row["git_dirty_outputs"]) == (True, "", "")
+
+
 def test_git_state_is_read_from_the_working_directory_of_the_run(tmp_path, monkeypatch):
     repo = tmp_path / "other_checkout"
     repo.mkdir()

@@ -264,7 +264,8 @@ def test_b1_ratio_reads_the_log_multiplier_where_lost_compute_could_not_reach_3x
 def test_b3_is_gated_per_part():
     """Adan's gate fails (its f still moves from T to 2T): Adan's part is not measured with that reason, and SOAP's
     and Lion's parts are decided on their own gates, which pass (issue 37: round 3 read the whole claim 'not
-    measured'). verify still reads a claim with an unmeasured part as not measured, naming the part."""
+    measured'). verify reads the claim as not measured, naming the unmeasured part by its own failed gate and listing
+    the decided parts; once SOAP's part is false, the claim is not reproduced whatever Adan does."""
     def adan_moving(world):
         def loss(c):
             if c.optimizer == "adan" and c.schedule == "2bw" and c.mitigation == "none" and c.steps == 2 * T:
@@ -279,11 +280,15 @@ def test_b3_is_gated_per_part():
     for o in ("soap", "lion"):
         assert parts[o]["low"] > 0 and [g["passed"] for g in parts[o]["gates"]] == [True], parts[o]
     assert [g["passed"] for g in values["B3"]["gates"]] == [True, True]  # AdamW's and Muon's, shared by all parts
-    assert verdicts["B3"][0] == NOT_MEASURED and verdicts["B3"][1].startswith("part adan: adan: gate failed")
+    verdict, reason = verdicts["B3"]
+    assert verdict == NOT_MEASURED and reason.startswith("part adan: gate failed: transient: adan at 60 steps")
+    assert reason.endswith("; decided: soap reproduced, lion reproduced")
     # SOAP's part is decided against the claim too, whatever Adan does
     world = {**HOLDS, "f": {**HOLDS["f"], "soap": 0.99}}
-    values, _ = _verdicts(_runs(world, loss=adan_moving(world)))
+    values, verdicts = _verdicts(_runs(world, loss=adan_moving(world)))
     assert values["B3"]["parts"]["soap"]["high"] < 0 and values["B3"]["parts"]["adan"]["estimate"] is None
+    verdict, reason = verdicts["B3"]
+    assert verdict == NOT_REPRODUCED and reason.startswith(f"soap: {NOT_REPRODUCED}; adan: {NOT_MEASURED} (gate")
 
 
 def test_b2_lost_compute_large_either_way_is_not_reproduced():

@@ -5,6 +5,10 @@
 - inconclusive: the interval spans the threshold (the evidence cannot tell);
 - not measured at this scale: the scale is outside the claim's `scales`, the study produced no record, the value
   is null, n < min_n, or a gate failed; the reason is always shown.
+A check of kind "true" with parts is the AND of its parts, each judged like a claim of its own (its record's own
+gates, value, n and check; the claim's gates apply to every part): one part not reproduced makes the claim not
+reproduced, else one part not measured makes it not measured (the reason names the missing parts and lists the
+decided ones), else every part reproduced makes it reproduced and anything else inconclusive.
 Rows of `evidence: arithmetic` recompute a paper's own numbers (no experiment): they read "arithmetic checked" or
 "arithmetic mismatch" and are never counted among reproductions. Nothing here turns a missing number into a pass.
 """
@@ -76,24 +80,10 @@ def interval_verdict(check: dict, low: float, high: float) -> str:
 
 
 def _record_verdict(check: dict, rec: dict, claim_id: str, level: float) -> tuple[str, str]:
-    """Verdict and reason of one record against one check (a part, or the claim itself)."""
+    """Verdict and reason of one record against a check without parts (a part's own check, or the claim's)."""
     if check["kind"] == "true":
-        parts = check.get("parts")
-        if parts:
-            got = rec.get("parts") or {}
-            missing = sorted(set(parts) - set(got))
-            if missing:
-                raise UserError(f"claim {claim_id}: evidence lacks the registry's parts {missing}")
-            verdicts = {name: _record_verdict(part, got[name], f"{claim_id}.{name}", level)
-                        for name, part in parts.items()}
-            for name, (v, why) in verdicts.items():
-                if v == NOT_MEASURED:
-                    return NOT_MEASURED, f"part {name}: {why}"
-            vs = [v for v, _ in verdicts.values()]
-            why = "; ".join(f"{name}: {v}" for name, (v, _) in verdicts.items())
-            if any(v == NOT_REPRODUCED for v in vs):
-                return NOT_REPRODUCED, why
-            return (REPRODUCED if all(v == REPRODUCED for v in vs) else INCONCLUSIVE), why
+        if check.get("parts"):
+            raise ValueError(f"claim {claim_id}: a check with parts is judged by _parts_verdict")
         est = rec.get("estimate")
         if est is None:
             return NOT_MEASURED, rec.get("detail") or "no value"
@@ -119,6 +109,42 @@ def _record_verdict(check: dict, rec: dict, claim_id: str, level: float) -> tupl
         if not low <= est <= high:
             raise UserError(f"claim {claim_id}: estimate {est} outside its interval [{low}, {high}]")
     return interval_verdict(check, low, high), ""
+
+
+def _part_verdicts(claim: dict, rec: dict, scale: str) -> dict[str, tuple[str, str]]:
+    """part name -> (verdict, reason), each part judged as a claim of its own."""
+    checks = claim["check"]["parts"]
+    got = rec.get("parts") or {}
+    missing = sorted(set(checks) - set(got))
+    if missing:
+        raise UserError(f"claim {claim['id']}: evidence lacks the registry's parts {missing}")
+    return {name: judge(dict(claim, id=f"{claim['id']}.{name}", check=check, evidence="measured"), got[name], True,
+                        scale)
+            for name, check in checks.items()}
+
+
+def _parts_verdict(claim: dict, rec: dict, scale: str) -> tuple[str, str]:
+    """A check of kind "true" with parts is the AND of its parts. Each part is judged as a claim of its own: its
+    record's own gates (the claim's gates, shared by every part, are checked before), its value, its n against the
+    claim's min_n, and its check. An AND with a false part is false, so one part not reproduced decides the claim
+    whatever the others' state; otherwise one part not measured leaves the claim not measured, and the reason names
+    the missing parts and lists the decided ones with their verdicts (the evidence file is not the only place a
+    decided part shows). Every part reproduced: reproduced; else inconclusive."""
+    verdicts = _part_verdicts(claim, rec, scale)
+    unmeasured = {name: why for name, (v, why) in verdicts.items() if v == NOT_MEASURED}
+    decided = {name: v for name, (v, _) in verdicts.items() if v != NOT_MEASURED}
+    if NOT_REPRODUCED in decided.values():
+        return NOT_REPRODUCED, "; ".join(f"{name}: {v}" + (f" ({why})" if v == NOT_MEASURED else "")
+                                         for name, (v, why) in verdicts.items())
+    if unmeasured:
+        if not decided and len(unmeasured) > 1 and len(set(unmeasured.values())) == 1:
+            return NOT_MEASURED, next(iter(unmeasured.values()))  # one reason for the whole claim (n < min_n)
+        why = "; ".join(f"part {name}: {why}" for name, why in unmeasured.items())
+        if decided:
+            why += "; decided: " + ", ".join(f"{name} {v}" for name, v in decided.items())
+        return NOT_MEASURED, why
+    why = "; ".join(f"{name}: {v}" for name, v in decided.items())
+    return (REPRODUCED if all(v == REPRODUCED for v in decided.values()) else INCONCLUSIVE), why
 
 
 def load_evidence(paths: list[str | Path], scale: str) -> dict[str, dict]:
@@ -163,17 +189,32 @@ def judge(claim: dict, rec: dict | None, evidence_present: bool, scale: str,
     # a missing value says why in its own words; n < min_n is the reason only when there is something to judge
     if rec.get("estimate") is None and not rec.get("parts"):
         return NOT_MEASURED, rec.get("detail") or "no value"
-    for name, part in (rec.get("parts") or {}).items():
-        if part.get("estimate") is None:
-            return NOT_MEASURED, f"part {name}: {part.get('detail') or 'no value'}"
-    if rec["n"] < claim["min_n"]:
-        return NOT_MEASURED, f"n = {rec['n']} < min_n = {claim['min_n']}"
-    verdict, why = _record_verdict(claim["check"], rec, claim["id"], claim["level"])
+    if claim["check"]["kind"] == "true" and claim["check"].get("parts"):
+        verdict, why = _parts_verdict(claim, rec, scale)
+    else:
+        for name, part in (rec.get("parts") or {}).items():
+            if part.get("estimate") is None:
+                return NOT_MEASURED, f"part {name}: {part.get('detail') or 'no value'}"
+        if rec["n"] < claim["min_n"]:
+            return NOT_MEASURED, f"n = {rec['n']} < min_n = {claim['min_n']}"
+        verdict, why = _record_verdict(claim["check"], rec, claim["id"], claim["level"])
     if claim["evidence"] == "arithmetic" and verdict != NOT_MEASURED:
         if verdict == INCONCLUSIVE:
             raise UserError(f"claim {claim['id']}: an arithmetic check must be exact")
         verdict = ARITHMETIC_OK if verdict == REPRODUCED else ARITHMETIC_BAD
     return verdict, why
+
+
+def _gates_text(rec: dict) -> str:
+    """The claim's gates, then each part's own gates under the part's name ("soap: transient=pass"); a part's copy
+    of a claim gate is not repeated."""
+    def text(gates):
+        return [f"{g['name']}={'pass' if g['passed'] else 'FAIL'}" for g in gates]
+    shared = rec.get("gates") or []
+    out = text(shared)
+    for name, part in (rec.get("parts") or {}).items():
+        out += [f"{name}: {t}" for t in text([g for g in part.get("gates") or [] if g not in shared])]
+    return "; ".join(out)
 
 
 def verify(registry: list[dict], evidence: dict[str, dict], scale: str) -> pd.DataFrame:
@@ -184,14 +225,20 @@ def verify(registry: list[dict], evidence: dict[str, dict], scale: str) -> pd.Da
         verdict, reason = judge(claim, rec, study is not None, scale,
                                 (study or {}).get("evidence_version", 1))
         rec = rec or {}
+        n = rec.get("n")
+        if verdict == NOT_REPRODUCED and claim["check"].get("parts") and rec.get("parts"):
+            # decided by its false parts while another part was not measured: n is that of the decided parts (the
+            # record's n is the least over every part, an unmeasured one's included)
+            n = min(rec["parts"][name]["n"] for name, (v, _) in _part_verdicts(claim, rec, scale).items()
+                    if v != NOT_MEASURED)
         rows.append({
             "id": claim["id"], "study": claim["study"], "paper": claim["paper"], "statement": claim["statement"],
             "paper_value": claim["paper_value"], "metric": claim["metric"], "check": describe_check(claim["check"]),
             "evidence": claim["evidence"], "estimate": rec.get("estimate"), "low": rec.get("low"),
             "high": rec.get("high"), "level": None if rec.get("exact") else claim["level"],
-            "exact": bool(rec.get("exact")), "n": rec.get("n"), "min_n": claim["min_n"],
+            "exact": bool(rec.get("exact")), "n": n, "min_n": claim["min_n"],
             "diverged": rec.get("diverged", 0),
-            "gates": "; ".join(f"{g['name']}={'pass' if g['passed'] else 'FAIL'}" for g in rec.get("gates") or []),
+            "gates": _gates_text(rec),
             "verdict": verdict, "reason": reason, "detail": rec.get("detail", ""),
             "sources": " ".join(rec.get("sources") or []), "evidence_file": (study or {}).get("path", ""),
             "scale": scale,

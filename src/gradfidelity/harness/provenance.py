@@ -31,18 +31,50 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+# The tracked folders a run's DAG writes its outputs into (common.smk's RESULTS, TABLES, FIGURES roots): a change
+# there is the workflow's own product, not a change of the code that made the run.
+OUTPUT_DIRS = ("results", "paper_tables", "figures")
+
+
+def split_dirty(files: list[str]) -> tuple[list[str], list[str]]:
+    """(changed files outside the output folders, changed files under them), each sorted; paths relative to the
+    repository root."""
+    outputs = sorted(f for f in files if f.startswith(tuple(f"{d}/" for d in OUTPUT_DIRS)))
+    return sorted(f for f in files if f not in outputs), outputs
+
+
+def _porcelain_paths(status: str) -> list[str]:
+    """The changed paths of `git status --porcelain -z`: one entry per file, a rename's or copy's origin dropped
+    (it follows its entry), never quoted."""
+    entries, paths = status.split("\0"), []
+    i = 0
+    while i < len(entries):
+        entry = entries[i]
+        if entry:
+            paths.append(entry[3:])
+            if {"R", "C"} & set(entry[:2]):
+                i += 1  # the next entry is the origin path
+        i += 1
+    return paths
+
+
 def git_state(cwd: str | os.PathLike | None = None) -> dict:
+    """The commit a run ran at and which tracked files differ from it (untracked files are not the run's code).
+
+    `git_dirty`: a tracked file outside the output folders (OUTPUT_DIRS) differs, named in `git_dirty_files`; the
+    changed tracked files under them are `git_dirty_outputs` (a DAG's earlier jobs rewrite committed tables, bench
+    files and figures while later runs train: that alone does not make the code uncommitted)."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
                              check=True, timeout=10).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+        status = subprocess.run(["git", "status", "--porcelain", "-z", "--untracked-files=no"], cwd=cwd,
                                 capture_output=True, text=True, check=True, timeout=10).stdout
         # Which tracked files differ from HEAD, so a reader can tell an edit of the run's own code from an
         # unrelated one (a dirty flag alone cannot).
-        changed = sorted(line[3:] for line in status.splitlines() if line.strip())
-        return {"git_sha": sha, "git_dirty": bool(changed), "git_dirty_files": changed}
+        code, outputs = split_dirty(_porcelain_paths(status))
+        return {"git_sha": sha, "git_dirty": bool(code), "git_dirty_files": code, "git_dirty_outputs": outputs}
     except (OSError, subprocess.SubprocessError):
-        return {"git_sha": "unknown", "git_dirty": None, "git_dirty_files": None}
+        return {"git_sha": "unknown", "git_dirty": None, "git_dirty_files": None, "git_dirty_outputs": None}
 
 
 def package_versions() -> dict:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import read_json
-from gradfidelity.harness.provenance import IDENTITY_KEYS, UNKNOWN_ISA
+from gradfidelity.harness.provenance import IDENTITY_KEYS, UNKNOWN_ISA, split_dirty
 
 STATUSES = ("ok", "diverged")
 
@@ -88,6 +88,18 @@ def read_provenance(record: dict) -> dict:
     return prov
 
 
+def _git_dirty(prov: dict) -> tuple[bool | None, list[str], list[str]]:
+    """(git_dirty, the changed tracked files outside the output folders, those under them). A record written before
+    provenance split them (no `git_dirty_outputs`) is split here from its `git_dirty_files`, so that every row of a
+    runs table reads alike: dirty means changed code, not the DAG's own outputs; a record without the file list
+    keeps its flag."""
+    files = prov.get("git_dirty_files")
+    if "git_dirty_outputs" in prov or files is None:
+        return prov.get("git_dirty"), list(files or []), list(prov.get("git_dirty_outputs") or [])
+    code, outputs = split_dirty(files)
+    return bool(code), code, outputs
+
+
 _VERSIONS = ("torch", "deepspeed", "trl", "transformers", "pytorch-optimizer", "numpy", "scipy")
 
 
@@ -96,6 +108,8 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
 
     This is the per-study `runs.csv` committed with the cpu scale's reference results: every number in a paper
     table can be traced to a run, the git sha that produced it, its package versions, CPU and thread settings.
+    `git_dirty` says that a tracked file outside the output folders differed from that sha (`git_dirty_files`);
+    `git_dirty_outputs` lists the changed tracked files under them (results/, paper_tables/, figures/).
     The CPU identity columns (`harness.provenance.IDENTITY_KEYS`) decide which reruns check-reference compares bit
     for bit; a run recorded before provenance had them reads "unknown ISA" there. `metrics_json` is the run's
     metrics.json itself (cell, histories and timing included), so that the table alone can rebuild the run
@@ -106,10 +120,11 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
         prov = read_provenance(record)
         machine = prov.get("machine") or {}
         metrics = record["metrics"] if record["status"] == "ok" else {}
+        dirty, files, outputs = _git_dirty(prov)
         row = {"run_id": record["run_dir"], "study": record.get("study"), "scale": record.get("scale"),
                "seed": record.get("seed"), "status": record["status"],
-               "git_sha": prov.get("git_sha"), "git_dirty": prov.get("git_dirty"),
-               "git_dirty_files": " ".join(prov.get("git_dirty_files") or []),
+               "git_sha": prov.get("git_sha"), "git_dirty": dirty, "git_dirty_files": " ".join(files),
+               "git_dirty_outputs": " ".join(outputs),
                "cpu_model": machine.get("cpu_model"),
                **{key: machine.get(key, UNKNOWN_ISA) for key in IDENTITY_KEYS},
                "cpu_count": machine.get("cpu_count"),
