@@ -49,7 +49,9 @@ def _base(tmp_path: Path, cfg) -> Path:
 def _rl_cli(cfg_raw: dict, variant: str, base: Path, out: Path, overlay: bool) -> dict:
     """One RL-stage job as the rule runs it: the CLI in a fresh process, the 0.18.9 overlay first when asked."""
     section = {k: v for k, v in make_cfg(cfg_raw).record().items() if k in JOB_KEYS["rl"]}
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    # a fresh process group of its own: an earlier in-process run of this pytest session set MASTER_PORT & co.
+    rendezvous = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    env = {**{k: v for k, v in os.environ.items() if k not in rendezvous}, "DS_ACCELERATOR": "cpu"}
     if overlay:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OVERLAY), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "gradfidelity", "sft-rl-rl", "--cfg", json.dumps(section), "--model", "t",
