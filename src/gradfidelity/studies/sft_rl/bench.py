@@ -18,6 +18,7 @@ The goal of the round-4 issue: the trimmed path within 3x of the floor. Tests ne
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -223,4 +224,5 @@ def run_bench(cfg: StudyConfig, init: Path, out: Path, rounds: int = 15, warmup:
         "cpu": cpu_model(), "packages": package_versions(),
     }
     atomic_write_json(out, res)
+    shutil.rmtree(work, ignore_errors=True)  # the trainers' output_dir: nothing is saved there (save_strategy no)
     return res

@@ -11,6 +11,7 @@ steps since the previous one); the study README's pilot table is made from it.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -76,4 +77,5 @@ def run_pilot(cfg: StudyConfig, method: str, init: Path, lr: float, eval_steps: 
            "start": {k: v for k, v in start.items() if k.startswith(("acc_", "nll_"))},
            "points": points, "deepspeed_version": version, "threads": cfg.threads}
     atomic_write_json(out, res)
+    shutil.rmtree(out.parent / f".{out.stem}_work", ignore_errors=True)  # the Trainer's output_dir (nothing saved)
     return res
