@@ -295,7 +295,7 @@ rule sft_rl_bench:
         f"{SFT_RL_ROOT}/logs/bench.log",
     conda:
         CONDA_ENV
-    threads: workflow.cores
+    threads: max(THREADS, 2)  # the machine to itself (the bench's step runs on SFT_RL.threads)
     resources:
         **rule_resources("sft_rl_bench"),
     shell:
