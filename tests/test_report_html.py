@@ -11,7 +11,7 @@ from gradfidelity.claims.report_html import embedded_files, stale_files
 from gradfidelity.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-REBUILD = ("rebuild it from the current cpu results (README, 'The HTML report'): verify, claims-figure, "
+REBUILD = ("rebuild it from the current cpu results (README, 'The HTML report of the cpu scale'): verify, claims-figure, "
            "report-summary, then `.venv/bin/snakemake --config scale=cpu --report results/cpu/report.html`")
 
 
@@ -39,11 +39,7 @@ def test_a_page_that_is_not_a_snakemake_report_is_refused(tmp_path):
         embedded_files("<html>claims</html>")
 
 
-# Known stale: report.html was built before round 3's runs of B and C, and it cannot be rebuilt until study A's
-# round-4 cpu results exist (the cpu report shows paper_tables/cpu/sft_rl_lr_selection.md, which that run makes).
-# strict: the day the report is current this marker fails the test, and must go (issue 38).
-@pytest.mark.xfail(strict=True, reason="results/cpu/report.html predates the round-3/4 cpu results; rebuilt with "
-                   "study A's round-4 cpu run (issue 38)")
+# Every study's cpu run rebuilds the report in the same commit (CONTRIBUTING, 'Committing a study's cpu results').
 def test_the_committed_cpu_report_shows_the_current_claims_and_results():
     report = ROOT / "results" / "cpu" / "report.html"
     shown = embedded_files(report.read_text(encoding="utf-8"))

@@ -176,7 +176,7 @@ rule local_claims:
 
 rule local_bench:
     output:
-        f"{RESULTS}/bench/local.json",
+        report(f"{RESULTS}/bench/local.json", category="local"),
     params:
         gf=GF,
         env=LOCAL_RULES.omp_env(LOCAL_CONFIG),

@@ -33,6 +33,8 @@ CLAIM_EVIDENCE.append(f"{RESULTS}/claims/sft_rl.json")
 REPORT_TARGETS.extend(list(SFT_RL_TABLES.values()) + list(SFT_RL_FIGURES.values()))
 if SFT_RL.lr_selection.enabled:
     REPORT_TARGETS.append(SFT_RL_SELECTION_TABLE["md"])
+if SFT_RL.rl.length_groups > 0:  # the bench compares the trimmed path with the padded one: none without the trim
+    REPORT_TARGETS.append(f"{RESULTS}/bench/sft_rl.json")
 
 
 rule sft_rl_base:
@@ -287,7 +289,7 @@ rule sft_rl_bench:
         init=f"{sft_rl_plan.bench_init_dir(SFT_RL, SFT_RL_ROOT)}/metrics.json",
         after=SFT_RL_RUNS,
     output:
-        f"{RESULTS}/bench/sft_rl.json",
+        report(f"{RESULTS}/bench/sft_rl.json", category="sft_rl"),
     params:
         gf=GF,
         cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "bench"),

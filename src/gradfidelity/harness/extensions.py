@@ -10,6 +10,13 @@ one shared folder makes ninja rebuild each time the version alternates, and 0.19
 0.18.9 built. Every DeepSpeed-using process calls `use_deepspeed_extensions_dir()` before importing deepspeed.
 In this checkout the Makefile, the workflow and the venv's .pth line set $TORCH_EXTENSIONS_DIR to
 <repo>/.cache/torch_extensions.
+
+Why stale locks are cleared: torch serialises a build with a lock file (`<op>/lock`, torch.utils.file_baton) that
+it removes when done, and a process waiting for it polls forever. A job killed while it held the lock (Ctrl-C,
+`kill`, a SLURM preemption) leaves it behind, and every later DeepSpeed job of the checkout then hangs silently at
+`init_distributed`, burning no CPU (seen in round 4 after a stopped cpu run). The lock holds no pid, so age decides:
+before DeepSpeed loads, each process waits while a lock is younger than STALE_LOCK_S (about 7 times the slowest op
+build measured on 2 busy cores, 262 s), then removes it with a warning that names it. The hang is bounded and loud.
 """
 
 from __future__ import annotations
@@ -17,8 +24,12 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import time
 from importlib import metadata
 from pathlib import Path
+
+STALE_LOCK_S = 1800.0
+LOCK_POLL_S = 1.0
 
 
 def base_deepspeed_version() -> str | None:
@@ -70,4 +81,32 @@ def use_deepspeed_extensions_dir(version: str | None = None) -> Path:
     if os.environ.get("TORCH_EXTENSIONS_DIR") or path != extensions_root():
         path.mkdir(parents=True, exist_ok=True)
         os.environ["TORCH_EXTENSIONS_DIR"] = str(path)
+    clear_stale_build_locks(path)
     return path
+
+
+def clear_stale_build_locks(path: Path, max_age_s: float = STALE_LOCK_S, clock=time.time,
+                            sleep=time.sleep) -> list[Path]:
+    """Wait while a `<path>/<op>/lock` is younger than `max_age_s` (a build in progress), then remove it as left by
+    a killed build (see the module docstring), with a warning on stderr; returns the removed paths."""
+    removed = []
+    for lock in sorted(Path(path).glob("*/lock")):
+        warned = False
+        while True:
+            try:
+                age = clock() - lock.stat().st_mtime
+            except FileNotFoundError:  # the build finished and released it
+                break
+            if age > max_age_s:
+                lock.unlink(missing_ok=True)
+                removed.append(lock)
+                print(f"gradfidelity: removed a stale torch extension build lock {lock} ({age:.0f} s old, over "
+                      f"{max_age_s:.0f} s): left by a killed build, it would make every DeepSpeed job wait forever",
+                      file=sys.stderr, flush=True)
+                break
+            if not warned:
+                print(f"gradfidelity: waiting for the torch extension build lock {lock} ({age:.0f} s old; removed "
+                      f"as stale at {max_age_s:.0f} s)", file=sys.stderr, flush=True)
+                warned = True
+            sleep(LOCK_POLL_S)
+    return removed
