@@ -11,8 +11,9 @@ from gradfidelity.claims.report_html import embedded_files, stale_files
 from gradfidelity.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-REBUILD = ("rebuild it from the current cpu results (README, 'The HTML report of the cpu scale'): verify, claims-figure, "
-           "report-summary, then `.venv/bin/snakemake --config scale=cpu --report results/cpu/report.html`")
+REBUILD = ("rebuild it from the current cpu results (README, 'The HTML report of the cpu scale'): verify, "
+           "claims-figure, report-summary, then "
+           "`.venv/bin/snakemake --config scale=cpu --report results/cpu/report.html`")
 
 
 def _report(files: dict[str, bytes]) -> str:
