@@ -7,9 +7,10 @@ numbers come from this code in minutes, not a `git diff` after a full rerun.
 The sample is chosen by a fixed rule, never by hand, from the committed tables and Snakemake's own plan:
 1. Candidates: every finished (status ok) run of the first paired seed of each study.
 2. One Snakemake dry run per study (`--forceall`, in a scratch copy with no results) gives each candidate's
-   upstream jobs (the base model an RL run starts from, the LR-selection runs a tuned cell reads, ...).
+   upstream jobs (the base model an RL run starts from, the SFT run it continues, ...). An LR-tuned cell reads the
+   committed LR selection (`given_config`): its LR grid is not rerun.
 3. A candidate's cost is the committed wall time of every training run in its closure (a training run that the
-   runs table does not list, such as study B's LR-selection runs, counts as the study's median run), plus
+   runs table does not list counts as the study's median run), plus
    `OTHER_JOB_S` for each other job (data preparation, a selection).
 4. Stratified by study: each study's cheapest candidate first (ties: the run id), then, round robin over the
    studies in a fixed order, each study's next candidate in the order of the SHA-256 of its run id (a fixed,
@@ -53,7 +54,7 @@ from gradfidelity.harness.results import runs_table
 from gradfidelity.reference_dag import Job, closures, parse_dry_run, snakemake
 
 __all__ = ["DRIFT_DIR", "MAX_REL", "MIN_REL", "Job", "check_reference", "closures", "compare", "cross_host_rules",
-           "exit_code", "parse_dry_run", "read_drift", "select", "summary_line"]
+           "exit_code", "given_config", "parse_dry_run", "read_drift", "select", "summary_line"]
 
 SCALE = "cpu"
 STUDY_ORDER = ("ds_audit", "sft_rl", "async_pp", "local")
@@ -62,6 +63,15 @@ BUDGET_S = 1500.0           # the sample's summed committed job time: about 13 m
 DRIFT_DIR = Path("results") / SCALE / "reference"  # drift_*.csv: (study, run, metric, ..., rel_difference)
 MIN_REL = 0.005   # the smallest cross-host tolerance of a metric that drifted at all
 MAX_REL = 0.25    # a metric whose tolerance would exceed this is not comparable across hosts
+
+
+def given_config(repo: Path) -> tuple[str, ...]:
+    """`--config` items every Snakemake call of the check gets. The scratch copy has no venvs: the DeepSpeed 0.18.9
+    overlay is the checkout's (as for the smoke DAG test). The LR-tuned cells read the committed LR selections
+    (results/cpu/<study>/lr_selection.json, `lr_selection_from`): rerunning them would rerun the LR grids behind
+    them, about 110 runs of studies A and B that no sampled run is compared on (an hour on 2 cores, not minutes).
+    A wrong committed selection still shows: the cell then trains at another LR and every metric differs."""
+    return (f"deepspeed_buggy_overlay={repo / '.venv-ds0189'}", f"lr_selection_from={repo / 'results' / SCALE}")
 
 
 def _metrics_path(run_id: str) -> str:
@@ -367,8 +377,7 @@ def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, bud
     own = workdir is None
     work = Path(tempfile.mkdtemp(prefix="gf-check-reference-")) if own else Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
-    # the copy has no venvs: the DeepSpeed 0.18.9 overlay is the checkout's (as for the smoke DAG test)
-    extra_config = (f"deepspeed_buggy_overlay={repo / '.venv-ds0189'}", *extra_config)
+    extra_config = (*given_config(repo), *extra_config)
     code = None
     try:
         t0 = time.monotonic()

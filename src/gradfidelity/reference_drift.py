@@ -33,6 +33,7 @@ from gradfidelity.reference import (
     _scratch_copy,
     committed_tables,
     cross_host_rules,
+    given_config,
     plan_sample,
     rerun_sample,
 )
@@ -114,7 +115,7 @@ def measure_drift(repo: Path, workdir: Path | None = None, cores: int = 2, budge
     repo = Path(repo).resolve()
     tables = committed_tables(repo, STUDY_ORDER)
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gf-measure-drift-"))
-    extra_config = (f"deepspeed_buggy_overlay={repo / '.venv-ds0189'}", *extra_config)
+    extra_config = (*given_config(repo), *extra_config)
     _measure(repo, work, tables, cores, BUDGET_S if budget_s is None else budget_s, extra_config, levels)
     if workdir is None:  # kept when it failed (an exception skips this), for inspection
         shutil.rmtree(work, ignore_errors=True)

@@ -48,7 +48,7 @@ rule async_pp_data:
 
 rule async_pp_train:
     input:
-        unpack(_ap_rules.train_input(ASYNC_PP_SELECTION, ASYNC_PP_DATA)),
+        unpack(_ap_rules.train_input(given_lr_selection(ASYNC_PP_SELECTION), ASYNC_PP_DATA)),
     output:
         f"{ASYNC_PP_ROOT}/{_ap_plan.PATTERN}",
     wildcard_constraints:

@@ -118,6 +118,23 @@ _PY = _PY.relative_to(REPO) if _PY.is_relative_to(REPO) else _PY
 # GRADFIDELITY_SCALE: the harness records it in every metrics.json and provenance.json.
 GF_PY = f"GRADFIDELITY_SCALE={SCALE} {shlex.quote(str(_PY))}"
 GF = f"{GF_PY} -m gradfidelity"
+
+
+def given_lr_selection(produced):
+    """input path of the LR selection a study's tuned cells read: `produced` (the study's selection rule's output,
+    results/<scale>/<study>/lr_selection.json), or with config `lr_selection_from` set, the same file under that
+    folder, taken as given. An absolute path no rule of this workflow writes, so the grid and selection behind it
+    stay out of the DAG (Snakemake would rerun them first, since its checkpoints keep them in any DAG that reads
+    the selection rule's output)."""
+    if not config["lr_selection_from"]:
+        return produced
+    given = Path(config["lr_selection_from"]).resolve() / Path(produced).relative_to(RESULTS)
+    if not given.is_file():
+        raise UserError(f"config lr_selection_from={config['lr_selection_from']!r}: no LR selection {given} (a "
+                        f"results folder of scale '{SCALE}' with <study>/lr_selection.json)")
+    return str(given)
+
+
 # Prefix for runs that need deepspeed 0.18.9: the overlay first on PYTHONPATH, the rest of the stack unchanged.
 DS0189_ENV = "PYTHONPATH={}${{PYTHONPATH:+:$PYTHONPATH}}".format(shlex.quote(config["deepspeed_buggy_overlay"]))
 # Every rule declares it for `snakemake --lint`; it is refused above at run time (see envs/README.md).

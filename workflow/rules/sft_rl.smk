@@ -114,7 +114,7 @@ rule sft_rl_rl:
     wildcard_constraints:
         **sft_rl_rules.constraints("variant", "method", "seed"),
     input:
-        unpack(sft_rl_rules.rl_inputs(SFT_RL, SFT_RL_ROOT)),
+        unpack(sft_rl_rules.rl_inputs(SFT_RL, SFT_RL_ROOT, given_lr_selection(SFT_RL_SELECTION))),
     output:
         f"{SFT_RL_DIR['rl']}/metrics.json",
     params:

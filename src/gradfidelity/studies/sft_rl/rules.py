@@ -88,12 +88,14 @@ def rl_init(cfg: StudyConfig, root: str):
     return init
 
 
-def rl_inputs(cfg: StudyConfig, root: str):
-    """input function of a tuned RL-stage job: its start and, when the config selects LRs, the selection file."""
+def rl_inputs(cfg: StudyConfig, root: str, selection: str | None = None):
+    """input function of a tuned RL-stage job: its start and, when the config selects LRs, the selection file
+    (`selection`, default the selection rule's output; the workflow passes a given one with lr_selection_from)."""
     init = rl_init(cfg, root)
+    selection = selection or plan.selection_path(root)
 
     def _input(wildcards) -> dict[str, str]:
-        extra = {"selection": plan.selection_path(root)} if cfg.lr_selection.enabled else {}
+        extra = {"selection": selection} if cfg.lr_selection.enabled else {}
         return {"init": init(wildcards), **extra}
 
     return _input
