@@ -232,3 +232,42 @@ def test_the_round4_cross_isa_rerun_is_within_the_committed_rules():
     assert exit_code(table, None) == 0
     assert set(table["hosts"]) == {"cross"}
     assert ", 0 outside their rule" in summary_line(table, None, {})
+
+
+def _with_record(df, record):
+    return df.assign(metrics_json=json.dumps(record))
+
+
+AUDIT = {"study": "ds_audit", "metrics": {"states": [{"contributions": [1.0, 0.0, 0.0, 1.0], "seconds": 2.01}]},
+         "timing": {"wall_s": 9.5}}
+
+
+def test_a_runs_whole_record_is_compared_on_the_same_host():
+    """An audit run keeps its evidence nested (no scalar metric): its record is compared, wall-clock values aside."""
+    from gradfidelity.reference import RECORD, exit_code, summary_line
+
+    committed = _with_record(_rows(AVX512_HOST, 0.3138), AUDIT)
+    slower = {**AUDIT, "metrics": {"states": [{"contributions": [1.0, 0.0, 0.0, 1.0], "seconds": 1.39}]},
+              "timing": {"wall_s": 7.0}}
+    out = compare(committed, _with_record(_rows(AVX512_HOST, 0.3138), slower)).set_index("metric")
+    assert out.loc[RECORD, "verdict"] == "ok" and out.loc[RECORD, "rule"] == "exact"
+    table = compare(committed, _with_record(_rows(AVX512_HOST, 0.3138), slower))
+    assert "0 outside their rule" in summary_line(table, None, {}) and exit_code(table, None) == 0
+    dropped = {**AUDIT, "metrics": {"states": [{"contributions": [1.0, 0.0, 0.0, 0.0], "seconds": 2.01}]}}
+    table = compare(committed, _with_record(_rows(AVX512_HOST, 0.3138), dropped))
+    assert table.set_index("metric").loc[RECORD, "verdict"] == "MISMATCH"  # every scalar equal, the record not
+    assert table.set_index("metric").loc["loss", "verdict"] == "ok"
+    assert exit_code(table, None) == 1
+    missing = compare(committed, _rows(AVX512_HOST, 0.3138)).set_index("metric")
+    assert missing.loc[RECORD, "verdict"] == "MISMATCH"
+
+
+def test_a_record_across_hosts_is_not_comparable_and_an_old_row_has_none():
+    from gradfidelity.reference import RECORD
+
+    rules = cross_host_rules(DRIFT_ROWS)
+    out = compare(_with_record(_rows(AVX2_HOST, 0.3138), AUDIT),
+                  _with_record(_rows(AVX512_HOST, 0.3150), {**AUDIT, "metrics": {}}), rules).set_index("metric")
+    assert out.loc[RECORD, "verdict"] == "not comparable" and out.loc["loss", "verdict"] == "ok"
+    assert RECORD not in set(compare(_rows(OLD_ROW, 0.3138), _with_record(_rows(AVX2_HOST, 0.3150), AUDIT),
+                                     rules)["metric"])

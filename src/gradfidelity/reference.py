@@ -38,6 +38,7 @@ last line is one summary a reviewer can act on; `--out` gets the full table.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import shutil
 import subprocess
@@ -54,7 +55,7 @@ from gradfidelity.harness.results import runs_table
 from gradfidelity.reference_dag import Job, closures, parse_dry_run, snakemake
 
 __all__ = ["DRIFT_DIR", "MAX_REL", "MIN_REL", "Job", "check_reference", "closures", "compare", "cross_host_rules",
-           "exit_code", "given_config", "parse_dry_run", "read_drift", "select", "summary_line"]
+           "exit_code", "given_config", "parse_dry_run", "read_drift", "record_digest", "select", "summary_line"]
 
 SCALE = "cpu"
 STUDY_ORDER = ("ds_audit", "sft_rl", "async_pp", "local")
@@ -171,6 +172,29 @@ def cross_host_rules(drift: pd.DataFrame) -> dict[tuple[str, str], float | None]
 
 
 COLUMNS = ["run", "metric", "committed", "rerun", "difference", "rel_difference", "rule", "verdict", "hosts"]
+RECORD = "(record)"  # the metric name of a run's whole record in the comparison
+WALL_CLOCK_KEYS = frozenset({"timing", "seconds"})  # wall-clock values inside a record: they never repeat
+
+
+def record_digest(metrics_json) -> str | None:
+    """The first 16 hex digits of the SHA-256 of a run's metrics.json (a runs table's `metrics_json`) without its
+    wall-clock values (`WALL_CLOCK_KEYS` at any depth); None for a row without one (written before round 4).
+
+    Why: a runs table's scalar `metric_*` columns are not all a run records. Study A's audit runs keep their
+    evidence (contribution vectors, loss-aggregation rows) nested, with no scalar metric at all, and the training
+    runs keep curves and histories. One digest compares all of it on the same host type."""
+    if _missing(metrics_json):
+        return None
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in WALL_CLOCK_KEYS}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    canonical = json.dumps(strip(json.loads(metrics_json)), sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def compare(committed: pd.DataFrame, rerun: pd.DataFrame, rules: dict[tuple[str, str], float | None] | None = None,
@@ -219,6 +243,12 @@ def compare(committed: pd.DataFrame, rerun: pd.DataFrame, rules: dict[tuple[str,
                     verdict = "ok" if (diff == 0 if tol == 0 else rel <= tol) else "MISMATCH"
             rows.append({"run": run, "metric": metric, "committed": a, "rerun": b, "difference": diff,
                          "rel_difference": rel, "rule": rule, "verdict": verdict, "hosts": hosts})
+        digest_a, digest_b = record_digest(rec.get("metrics_json")), record_digest(new.get("metrics_json"))
+        if digest_a is not None:  # across hosts the curves drift like the scalars: no rule covers a digest
+            verdict = ("not comparable" if not exact else "ok" if digest_a == digest_b else "MISMATCH")
+            rows.append({"run": run, "metric": RECORD, "committed": digest_a, "rerun": digest_b,
+                         "difference": 0.0 if digest_a == digest_b else "", "rel_difference": "",
+                         "rule": "exact" if exact else "not comparable", "verdict": verdict, "hosts": hosts})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
