@@ -23,10 +23,16 @@ def test_a_flip_is_fragile_with_its_numbers_and_no_flip_is_unchanged():
          "committed_value": "1.342 [-0.1, 1.342]", "rerun_value": "0.98 [-0.2, 0.98]"},
         {"id": "C4", "committed": "inconclusive", "rerun": "inconclusive", "unchanged": True,
          "values": "rerun at AVX512"},
-        {"id": "A2", "committed": "reproduced", "rerun": "reproduced", "unchanged": True}]))
+        {"id": "A2", "committed": "reproduced", "rerun": "reproduced", "unchanged": True},
+        {"id": "A8", "committed": "inconclusive", "rerun": "inconclusive", "unchanged": True,
+         "committed_value": "-4.042 [-14.71, 6.626] 99%", "rerun_value": "-3.604 [-13.65, 6.441] 99%"}]))
     assert flags["C4"] == (f"{FRAGILE}: inconclusive -> reproduced (1.342 [-0.1, 1.342] -> 0.98 [-0.2, 0.98], "
                            "rerun at AVX2, drift_avx2_vs_avx512.csv)")
-    assert flags["A2"] == "unchanged under rerun at AVX2 (drift_avx2_vs_avx512.csv)"
+    # an unchanged verdict says whether its value moved at all: one that did not may read no sampled run
+    assert flags["A2"] == ("unchanged under rerun at AVX2 (drift_avx2_vs_avx512.csv); value identical (no sampled "
+                           "run feeds it, or the rerun was bit for bit)")
+    assert flags["A8"] == ("unchanged under rerun at AVX2 (drift_avx2_vs_avx512.csv); value moved: -4.042 [-14.71, "
+                           "6.626] 99% -> -3.604 [-13.65, 6.441] 99% (rerun at AVX2)")
     assert "B1" not in flags  # not recomputed: absent, never "stable"
 
 

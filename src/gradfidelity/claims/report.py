@@ -82,7 +82,13 @@ def drift_flags(verdicts: pd.DataFrame) -> dict[str, str]:
                 f"{r.committed} -> {r.rerun} ({r.committed_value} -> {r.rerun_value}, {r.values}, {r.source})"
                 for r in flips.itertuples())
         else:
-            out[cid] = "unchanged under " + ", ".join(sorted({f"{r.values} ({r.source})" for r in rows.itertuples()}))
+            moved = rows[rows["committed_value"].astype(str) != rows["rerun_value"].astype(str)]
+            # an unchanged verdict whose value did not move says little: the claim may read no sampled run
+            how = ("value moved: " + "; ".join(f"{r.committed_value} -> {r.rerun_value} ({r.values})"
+                                               for r in moved.itertuples())) if len(moved) else (
+                "value identical (no sampled run feeds it, or the rerun was bit for bit)")
+            out[cid] = ("unchanged under " + ", ".join(sorted({f"{r.values} ({r.source})" for r in rows.itertuples()}))
+                        + "; " + how)
     return out
 
 
@@ -93,9 +99,13 @@ def drift_note(df: pd.DataFrame, flags: dict[str, str], scale: str) -> str:
                 "tables can rebuild their run records), so this report cannot say which verdicts survive another "
                 "CPU's rounding; the metrics' own drift is in results/" + scale + "/reference/drift_*.csv.")
     fragile = [cid for cid in df["id"] if flags.get(cid, "").startswith(FRAGILE)]
+    moved = [cid for cid in df["id"] if "value moved" in flags.get(cid, "")]
     return (f"Hardware drift: {len(flags)} claims recomputed with the sampled runs' values rerun at another ISA "
             f"level; {len(fragile)} {FRAGILE}" + (f" ({', '.join(fragile)})" if fragile else "")
-            + f"; {len(df) - len(flags)} not recomputed (column 'under hardware drift': empty).")
+            + f"; {len(moved)} unchanged with a value that moved" + (f" ({', '.join(moved)})" if moved else "")
+            + f"; the other {len(flags) - len(fragile) - len(moved)} read no run that moved (no sampled run feeds "
+            f"them, or it repeated bit for bit), so they test the sample more than the claim; "
+            f"{len(df) - len(flags)} not recomputed (column 'under hardware drift': empty).")
 
 
 def write_claims_report(evidence_paths, csv_path, md_path, scale: str, drift_verdicts=()) -> pd.DataFrame:
