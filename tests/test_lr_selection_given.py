@@ -33,6 +33,7 @@ def test_given_selection_keeps_the_grid_out_of_the_plan():
     assert "sft_rl_rl" in rules
 
 
+@pytest.mark.slow  # a Snakemake dry run
 def test_missing_given_selection_fails_naming_the_key(tmp_path):
     res = _smk("-n", ASYNC_PP_CELL, "--config", "scale=cpu", f"lr_selection_from={tmp_path}")
     assert res.returncode != 0
