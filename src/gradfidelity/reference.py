@@ -10,8 +10,8 @@ The sample is chosen by a fixed rule, never by hand, from the committed tables a
    upstream jobs (the base model an RL run starts from, the SFT run it continues, ...). An LR-tuned cell reads the
    committed LR selection (`given_config`): its LR grid is not rerun.
 3. A candidate's cost is the committed wall time of every training run in its closure (a training run that the
-   runs table does not list counts as the study's median run), plus
-   `OTHER_JOB_S` for each other job (data preparation, a selection).
+   runs table does not list counts as the study's median run), plus `OTHER_JOB_S` for each other job (data
+   preparation).
 4. Stratified by study: each study's cheapest candidate first (ties: the run id), then, round robin over the
    studies in a fixed order, each study's next candidate in the order of the SHA-256 of its run id (a fixed,
    content-free shuffle) whose extra cost still fits the budget.

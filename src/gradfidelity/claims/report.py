@@ -55,6 +55,7 @@ def counts_line(df: pd.DataFrame) -> str:
 
 
 FRAGILE = "fragile: flips within hardware drift"
+VALUE_MOVED = "value moved"  # an unchanged verdict whose value moved under the drift
 DRIFT_COLUMNS = {"id", "committed", "rerun", "unchanged", "committed_value", "rerun_value", "values", "source"}
 
 
@@ -84,7 +85,7 @@ def drift_flags(verdicts: pd.DataFrame) -> dict[str, str]:
         else:
             moved = rows[rows["committed_value"].astype(str) != rows["rerun_value"].astype(str)]
             # an unchanged verdict whose value did not move says little: the claim may read no sampled run
-            how = ("value moved: " + "; ".join(f"{r.committed_value} -> {r.rerun_value} ({r.values})"
+            how = (f"{VALUE_MOVED}: " + "; ".join(f"{r.committed_value} -> {r.rerun_value} ({r.values})"
                                                for r in moved.itertuples())) if len(moved) else (
                 "value identical (no sampled run feeds it, or the rerun was bit for bit)")
             out[cid] = ("unchanged under " + ", ".join(sorted({f"{r.values} ({r.source})" for r in rows.itertuples()}))
@@ -99,7 +100,7 @@ def drift_note(df: pd.DataFrame, flags: dict[str, str], scale: str) -> str:
                 "tables can rebuild their run records), so this report cannot say which verdicts survive another "
                 "CPU's rounding; the metrics' own drift is in results/" + scale + "/reference/drift_*.csv.")
     fragile = [cid for cid in df["id"] if flags.get(cid, "").startswith(FRAGILE)]
-    moved = [cid for cid in df["id"] if "value moved" in flags.get(cid, "")]
+    moved = [cid for cid in df["id"] if f"; {VALUE_MOVED}: " in flags.get(cid, "")]
     return (f"Hardware drift: {len(flags)} claims recomputed with the sampled runs' values rerun at another ISA "
             f"level; {len(fragile)} {FRAGILE}" + (f" ({', '.join(fragile)})" if fragile else "")
             + f"; {len(moved)} unchanged with a value that moved" + (f" ({', '.join(moved)})" if moved else "")
