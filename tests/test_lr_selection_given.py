@@ -3,7 +3,7 @@ the LR grid and selection behind it (what check-reference relies on to stay with
 
 import pytest
 
-from gradfidelity.reference import given_config
+from gradfidelity.reference.check import given_config
 from tests._snakemake import REPO
 from tests._snakemake import smk as _smk
 

@@ -8,7 +8,7 @@ import pytest
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.provenance import IDENTITY_KEYS, UNKNOWN_ISA
-from gradfidelity.reference import (
+from gradfidelity.reference.check import (
     MAX_REL,
     MIN_REL,
     Job,
@@ -201,7 +201,7 @@ def test_a_study_whose_committed_evidence_predates_its_registry_rows_is_not_samp
     round 2's design, whose cells today's code does not rerun: check-reference says so instead of reporting
     mismatches."""
     from gradfidelity.claims.registry import load_registry
-    from gradfidelity.reference import stale_studies
+    from gradfidelity.reference.check import stale_studies
 
     want = max(row["evidence_version"] for row in load_registry() if row["study"] == "async_pp")
     assert want >= 2
@@ -219,7 +219,7 @@ def test_a_study_whose_committed_evidence_predates_its_registry_rows_is_not_samp
 def test_the_round4_cross_isa_rerun_is_within_the_committed_rules():
     """The real cross-ISA rerun (committed AVX2 host vs an AVX-512 host: 0.66% on local's bpb, 0.23% on a Muon
     loss), replayed through compare(): every metric within its rule or not comparable, none outside (exit 0)."""
-    from gradfidelity.reference import exit_code, summary_line
+    from gradfidelity.reference.check import exit_code, summary_line
 
     root = Path(__file__).resolve().parents[1]
     measured = pd.read_csv(root / "results/cpu/reference/drift_hosts_avx2_vs_avx512.csv")
@@ -244,7 +244,7 @@ AUDIT = {"study": "ds_audit", "metrics": {"states": [{"contributions": [1.0, 0.0
 
 def test_a_runs_whole_record_is_compared_on_the_same_host():
     """An audit run keeps its evidence nested (no scalar metric): its record is compared, wall-clock values aside."""
-    from gradfidelity.reference import RECORD, exit_code, summary_line
+    from gradfidelity.reference.check import RECORD, exit_code, summary_line
 
     committed = _with_record(_rows(AVX512_HOST, 0.3138), AUDIT)
     slower = {**AUDIT, "metrics": {"states": [{"contributions": [1.0, 0.0, 0.0, 1.0], "seconds": 1.39}]},
@@ -263,7 +263,7 @@ def test_a_runs_whole_record_is_compared_on_the_same_host():
 
 
 def test_a_record_across_hosts_is_not_comparable_and_an_old_row_has_none():
-    from gradfidelity.reference import RECORD
+    from gradfidelity.reference.check import RECORD
 
     rules = cross_host_rules(DRIFT_ROWS)
     out = compare(_with_record(_rows(AVX2_HOST, 0.3138), AUDIT),

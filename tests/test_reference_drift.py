@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from gradfidelity.errors import UserError
-from gradfidelity.reference import cross_host_rules
-from gradfidelity.reference_drift import capability_of, drift_table, level_env, rules_text
+from gradfidelity.reference.check import cross_host_rules
+from gradfidelity.reference.drift import capability_of, drift_table, level_env, rules_text
 
 RUN = "results/cpu/local/enwik8/w64/bp/seed0"
 

@@ -8,14 +8,14 @@ import shutil
 import pandas as pd
 import pytest
 
-import gradfidelity.reference as reference
-import gradfidelity.reference_verdicts as rv
+import gradfidelity.reference.check as reference
+import gradfidelity.reference.verdicts as rv
 from gradfidelity.claims.verify import INCONCLUSIVE, REPRODUCED, load_evidence, verify
 from gradfidelity.errors import UserError
 from gradfidelity.harness.results import load_run_records, records_from_runs_table, runs_table
-from gradfidelity.reference import exit_code, summary_line
-from gradfidelity.reference_dag import parse_dry_run
-from gradfidelity.reference_verdicts import allowed_rules, verdict_changes
+from gradfidelity.reference.check import exit_code, summary_line
+from gradfidelity.reference.dag import parse_dry_run
+from gradfidelity.reference.verdicts import allowed_rules, verdict_changes
 
 ROW = {"id": "X1", "study": "local", "paper": "p", "statement": "s", "paper_value": "v", "metric": "m",
        "check": {"kind": "gt", "threshold": 1.0}, "scales": ["smoke", "cpu"], "why": "w", "min_n": 3,

@@ -40,10 +40,10 @@ def _unlock_stale(args) -> int:
 def _check_reference(args) -> int:
     from pathlib import Path
 
-    from gradfidelity.reference import check_reference
+    from gradfidelity.reference.check import check_reference
 
     if args.measure_drift:
-        from gradfidelity.reference_drift import measure_drift
+        from gradfidelity.reference.drift import measure_drift
 
         return measure_drift(Path(args.repo), workdir=Path(args.workdir) if args.workdir else None,
                              cores=args.cores, budget_s=args.budget_s, extra_config=tuple(args.config))

@@ -24,13 +24,13 @@ made the committed row, and every `metric_*` column is compared:
   committed run recorded before provenance had it ("unknown ISA") counts as another host;
 - otherwise within a tolerance derived from the committed drift measurements (`DRIFT_DIR`/drift_*.csv, see
   `cross_host_rules`): the sample rerun at two ISA levels (`check-reference --measure-drift`,
-  gradfidelity/reference_drift.py) or on two hosts whose ISA differs. A metric that did not move there stays
+  gradfidelity/reference/drift.py) or on two hosts whose ISA differs. A metric that did not move there stays
   exact; one that moved gets twice its largest drift (at least `MIN_REL`); one that moved by more than `MAX_REL`
   (an RL trajectory's token count, a selection, a difference of two late losses) is "not comparable" across
   hosts: printed, counted, neither a pass nor a mismatch.
 
 Then the sampled studies' claims are recomputed with the rerun values in place of the committed ones for the
-sampled runs (gradfidelity/reference_verdicts.py), and each verdict is compared with the committed one. Exit code:
+sampled runs (gradfidelity/reference/verdicts.py), and each verdict is compared with the committed one. Exit code:
 0 every metric within its rule and no verdict flipped; 1 a metric outside its rule; 3 only verdicts flipped. The
 last line is one summary a reviewer can act on; `--out` gets the full table.
 """
@@ -52,13 +52,14 @@ from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv
 from gradfidelity.harness.provenance import describe_host, host_type, same_host_type
 from gradfidelity.harness.results import runs_table
-from gradfidelity.reference_dag import Job, closures, parse_dry_run, snakemake
+from gradfidelity.reference.dag import Job, closures, parse_dry_run, snakemake
+from gradfidelity.studies import STUDIES
 
 __all__ = ["DRIFT_DIR", "MAX_REL", "MIN_REL", "Job", "check_reference", "closures", "compare", "cross_host_rules",
            "exit_code", "given_config", "parse_dry_run", "read_drift", "record_digest", "select", "summary_line"]
 
 SCALE = "cpu"
-STUDY_ORDER = ("ds_audit", "sft_rl", "async_pp", "local")
+STUDY_ORDER = STUDIES  # the one list of studies: a fifth study is sampled too
 OTHER_JOB_S = 10.0          # a job that is not a training run (data preparation, a selection, a table)
 BUDGET_S = 1500.0           # the sample's summed committed job time: about 13 min wall, two jobs at a time
 DRIFT_DIR = Path("results") / SCALE / "reference"  # drift_*.csv: (study, run, metric, ..., rel_difference)
@@ -398,7 +399,7 @@ def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, bud
                     cross_host: bool = False, out: Path | None = None, recompute_verdicts: bool = True) -> int:
     """Rerun the fixed sample, compare every metric, recompute the sampled studies' verdicts; print the tables and
     the summary line; exit code per `exit_code`. With `out`: the full comparison there, the verdicts beside it."""
-    from gradfidelity.reference_verdicts import recompute_all
+    from gradfidelity.reference.verdicts import recompute_all
 
     repo = Path(repo).resolve()
     budget_s = BUDGET_S if budget_s is None else budget_s
@@ -414,7 +415,7 @@ def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, bud
         sample = plan_sample(repo, work, tables, budget_s, extra_config)
         committed = pd.concat([df[df["run_id"].isin(sample)] for df in tables.values()], ignore_index=True)
         print(f"check-reference: {len(sample)} committed cpu runs (of {sum(len(t) for t in tables.values())}), "
-              f"chosen by the fixed rule in gradfidelity/reference.py; their own committed wall time "
+              f"chosen by the fixed rule in gradfidelity/reference/check.py; their own committed wall time "
               f"{committed['wall_s'].sum():.0f} s; rerunning in {work}", flush=True)
         for run in sample:
             print(f"  {run}", flush=True)

@@ -22,7 +22,7 @@ from gradfidelity.claims.report import value_text
 from gradfidelity.claims.verify import load_evidence, verify
 from gradfidelity.errors import UserError
 from gradfidelity.harness.results import records_from_runs_table
-from gradfidelity.reference_dag import Job, closures, is_training_output, parse_dry_run, snakemake
+from gradfidelity.reference.dag import Job, closures, is_training_output, parse_dry_run, snakemake
 
 SCALE = "cpu"
 COLUMNS = ["id", "study", "committed", "rerun", "unchanged", "committed_value", "rerun_value"]

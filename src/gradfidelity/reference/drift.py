@@ -1,7 +1,7 @@
 """`gradfidelity check-reference --measure-drift`: how far the training metrics move between two ISA levels of
 torch's kernels on one host, the measurement the cross-host rules of check-reference derive from.
 
-The fixed sample of check-reference (gradfidelity/reference.py) is rerun twice, in two scratch copies: once with
+The fixed sample of check-reference (gradfidelity/reference/check.py) is rerun twice, in two scratch copies: once with
 every kernel library limited to AVX2 (ATEN_CPU_CAPABILITY=avx2 for torch's own kernels, MKL_ENABLE_INSTRUCTIONS=AVX2,
 DNNL_MAX_CPU_ISA=AVX2) and once at the host's own level (those variables removed). Each run records the level
 torch really dispatched to, read in the process that trained (provenance `cpu_capability`); the measurement is
@@ -9,7 +9,7 @@ refused when the two levels read the same, since then nothing was measured (a ho
 The result, results/cpu/reference/drift_<level a>_vs_<level b>.csv, has one row per (run, metric) with both
 values and their relative difference; `reference.cross_host_rules` reads it with every other drift_*.csv.
 Where the studies' runs tables can rebuild their run records, the claims are recomputed with each level's values
-in place of the committed ones for the sampled runs (gradfidelity/reference_verdicts.py), and
+in place of the committed ones for the sampled runs (gradfidelity/reference/verdicts.py), and
 verdicts_<a>_vs_<b>.csv says per claim whether its verdict flips: the claims report shows it.
 """
 
@@ -26,7 +26,7 @@ import pandas as pd
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv
 from gradfidelity.harness.provenance import ISA_LIMITS
-from gradfidelity.reference import (
+from gradfidelity.reference.check import (
     BUDGET_S,
     DRIFT_DIR,
     STUDY_ORDER,
@@ -124,7 +124,7 @@ def measure_drift(repo: Path, workdir: Path | None = None, cores: int = 2, budge
 
 def _measure(repo: Path, work: Path, tables: dict[str, pd.DataFrame], cores: int, budget_s: float,
              extra_config: tuple[str, ...], levels: tuple[str, str]) -> None:
-    from gradfidelity.reference_verdicts import committed_verdicts, recompute_study, verdict_changes
+    from gradfidelity.reference.verdicts import committed_verdicts, recompute_study, verdict_changes
 
     sample = plan_sample(repo, work / levels[0], tables, budget_s, extra_config)
     print(f"measure-drift: {len(sample)} runs at ISA levels {' and '.join(levels)}, in {work}", flush=True)
