@@ -52,6 +52,22 @@ def _check_reference(args) -> int:
                            out=Path(args.out) if args.out else None)
 
 
+def _check_record(args) -> int:
+    from gradfidelity.harness.records import check
+
+    print(check(args.committed, args.fresh, args.repo))
+    return 0
+
+
+def _restore_records(args) -> int:
+    from gradfidelity.harness.records import restore
+
+    for table in args.runs_table:
+        written = restore(table, args.repo, overwrite=args.overwrite)
+        print(f"{table}: {len(written)} run records written")
+    return 0
+
+
 def _claim(args) -> int:
     from gradfidelity.claims.explain import explain_claim, list_claims
 
@@ -130,6 +146,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: rerun the sample with kernels at AVX2 and at this host's own ISA level and write "
                    "results/cpu/reference/drift_<a>_vs_<b>.csv (needs a host above AVX2, e.g. AVX-512)")
     p.set_defaults(func=_check_reference)
+
+    p = sub.add_parser("check-record", help="a committed run redone elsewhere (a replay) against its committed record")
+    p.add_argument("--committed", required=True, help="the committed run's metrics.json")
+    p.add_argument("--fresh", required=True, help="the rerun's metrics.json (its provenance.json beside it)")
+    p.add_argument("--repo", default=".", help="checkout whose results/cpu/reference/drift_*.csv hold the rules")
+    p.set_defaults(func=_check_record)
+
+    p = sub.add_parser("restore-records", help="write the run records (metrics.json, provenance.json, benchmark.tsv) "
+                                                "a committed runs table carries into its run directories")
+    p.add_argument("runs_table", nargs="+", help="results/<scale>/runs/<study>.csv")
+    p.add_argument("--repo", default=".", help="the checkout the run ids are relative to")
+    p.add_argument("--overwrite", action="store_true", help="replace records already there (default: keep them)")
+    p.set_defaults(func=_restore_records)
 
     p = sub.add_parser("claim", help="one claim with everything behind it: evidence, verdict, runs, rebuild command")
     p.add_argument("id", nargs="?", help="claim id, e.g. C4 (see --list)")

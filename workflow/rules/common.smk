@@ -3,10 +3,12 @@ import importlib
 import json
 import os
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+from snakemake.io import apply_wildcards
 from snakemake.utils import update_config
 from gradfidelity.config import coerce_cli_strings, validate_section
 from gradfidelity.errors import UserError
@@ -170,6 +172,55 @@ def cell_json(wildcards):
     """params function of every training rule: the job's wildcards as shell-quoted JSON for `--cell`, written into
     the run's records by the harness (aggregates read a run's identity there, never from its path)."""
     return shlex.quote(json.dumps(dict(wildcards.items()), sort_keys=True))
+
+
+def _committed_files():
+    """The files under results/<scale>/ that git tracks (a run's committed records among them), or None outside a git
+    checkout (a release tarball: every record present counts as committed)."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", RESULTS], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return frozenset(p for p in listed.split("\0") if p)
+
+
+COMMITTED = _committed_files()
+
+
+def is_committed(path):
+    """True for a record that is present and committed (harness/records.py: a run's metrics.json, provenance.json
+    and benchmark.tsv, committed with the cpu scale)."""
+    return Path(REPO, path).is_file() and (COMMITTED is None or str(path) in COMMITTED)
+
+
+def _ancient_all(value):
+    if isinstance(value, dict):
+        return {k: _ancient_all(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_ancient_all(v) for v in value]
+    return ancient(value)
+
+
+def unless_committed(record, inputs):
+    """input function of every rule whose output is a run's record (a training cell, an LR-grid point, a bench):
+    `inputs` (a path, list, dict or input function), each path marked ancient() once the job's `record` (its output
+    pattern) is a committed record.
+
+    Why: a fresh clone writes every file with the clone's time, in no order a run made them; without this, a
+    committed run whose upstream record or LR selection happened to be written a moment later would be retrained,
+    and so would every committed run downstream of a cell rebuilt for a new one. An ancient input that exists never
+    triggers its job (Snakemake's DAG: an input newer than the output, or updated by another job, is ignored), so a
+    committed record stands until it is asked for by name (`--forcerun <its metrics.json>` or its rule), while a new
+    cell still waits for everything it reads. A missing input is still made when the job itself must run."""
+
+    def _inputs(wildcards):
+        value = inputs(wildcards) if callable(inputs) else inputs
+        if not is_committed(apply_wildcards(record, wildcards)):
+            return value
+        return _ancient_all(value)
+
+    return _inputs
 
 
 def study_module(study, name):

@@ -24,6 +24,7 @@ SFT_RL_TABLES = sft_rl_plan.table_paths(TABLES)
 SFT_RL_FIGURES = sft_rl_plan.figure_paths(FIGURES)
 SFT_RL_SELECTION = sft_rl_plan.selection_path(SFT_RL_ROOT)
 SFT_RL_SELECTION_TABLE = sft_rl_plan.selection_table_paths(TABLES)
+_sft_rl_base_start = sft_rl_rules.base_start(SFT_RL_ROOT, is_committed)  # the base model's run, or its replay
 SFT_RL_LRS = " ".join(f"{lr:g}" for lr in SFT_RL.lr_selection.lrs)
 
 # The runs table lists every run: the shared base models, the planned runs and the LR grid of every round (the
@@ -62,7 +63,8 @@ rule sft_rl_sft:
     wildcard_constraints:
         **sft_rl_rules.constraints("variant", "seed"),
     input:
-        base=f"{SFT_RL_DIR['base']}/metrics.json",
+        unpack(unless_committed(f"{SFT_RL_DIR['sft']}/metrics.json",
+                                lambda w: {"base": _sft_rl_base_start(w)})),
     output:
         f"{SFT_RL_DIR['sft']}/metrics.json",
     params:
@@ -85,11 +87,65 @@ rule sft_rl_sft:
         "> {log} 2>&1"
 
 
+# A committed record's model is not committed. A new cell that starts from it (one more seed, a longer arm) starts
+# from its replay: the same job redone in <run>/replay/ from the same start, whose record must equal the committed
+# one (harness/records.py check: bit for bit on the same host type, within the measured drift elsewhere) before
+# anything trains on it. A mismatch fails the replay, naming both records; nothing committed is touched.
+rule sft_rl_replay_base:
+    input:
+        record=f"{SFT_RL_DIR['base']}/metrics.json",
+    output:
+        f"{SFT_RL_DIR['base']}/{sft_rl_rules.REPLAY}/metrics.json",
+    params:
+        gf=GF,
+        cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "pretrain"),
+        cell=cell_json,
+    log:
+        f"{SFT_RL_ROOT}/logs/{{model}}_base_replay.log",
+    conda:
+        CONDA_ENV
+    threads: SFT_RL.threads
+    resources:
+        **rule_resources("sft_rl_replay_base"),
+    shell:
+        "{params.gf} sft-rl-pretrain --cfg {params.cfg} --model {wildcards.model} --run-dir $(dirname {output}) "
+        "--cell {params.cell} > {log} 2>&1 && {params.gf} check-record --committed {input.record} --fresh {output} "
+        ">> {log} 2>&1"
+
+
+rule sft_rl_replay_sft:
+    wildcard_constraints:
+        **sft_rl_rules.constraints("variant", "seed"),
+    input:
+        record=f"{SFT_RL_DIR['sft']}/metrics.json",
+        base=_sft_rl_base_start,
+    output:
+        f"{SFT_RL_DIR['sft']}/{sft_rl_rules.REPLAY}/metrics.json",
+    params:
+        gf=SFT_RL_LAUNCH,
+        check=GF,
+        cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "sft"),
+        env=sft_rl_rules.deepspeed_env(SFT_RL, DS0189_ENV, "sft"),
+        cell=cell_json,
+    log:
+        f"{SFT_RL_ROOT}/logs/{{model}}_{{variant}}_sft_seed{{seed}}_replay.log",
+    conda:
+        CONDA_ENV
+    threads: SFT_RL.threads
+    resources:
+        **rule_resources("sft_rl_replay_sft", gpu=SFT_RL_GPUS),
+    shell:
+        "{params.env} {params.gf} sft-rl-sft --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
+        "--seed {wildcards.seed} --base $(dirname {input.base}) --run-dir $(dirname {output}) --cell {params.cell} "
+        "> {log} 2>&1 && {params.check} check-record --committed {input.record} --fresh {output} >> {log} 2>&1"
+
+
 rule sft_rl_alignment:
     # Exported for ds_audit's A3 (its path: plan.alignment_metrics): Gram matrices of the per-micro-batch gradients
     # of SFT's first windows at the base model.
     input:
-        base=f"{SFT_RL_DIR['base']}/metrics.json",
+        unpack(unless_committed(f"{SFT_RL_DIR['alignment']}/metrics.json",
+                                lambda w: {"base": _sft_rl_base_start(w)})),
     output:
         f"{SFT_RL_DIR['alignment']}/metrics.json",
     params:
@@ -114,7 +170,8 @@ rule sft_rl_rl:
     wildcard_constraints:
         **sft_rl_rules.constraints("variant", "method", "seed"),
     input:
-        unpack(sft_rl_rules.rl_inputs(SFT_RL, SFT_RL_ROOT, given_lr_selection(SFT_RL_SELECTION))),
+        unpack(unless_committed(f"{SFT_RL_DIR['rl']}/metrics.json", sft_rl_rules.rl_inputs(
+            SFT_RL, SFT_RL_ROOT, given_lr_selection(SFT_RL_SELECTION), is_committed))),
     output:
         f"{SFT_RL_DIR['rl']}/metrics.json",
     params:
@@ -143,7 +200,8 @@ rule sft_rl_grid:
     wildcard_constraints:
         **sft_rl_rules.constraints("method", "lr", "seed"),
     input:
-        init=sft_rl_rules.grid_init(SFT_RL, SFT_RL_ROOT),
+        init=unless_committed(f"{SFT_RL_DIR['grid']}/metrics.json",
+                              sft_rl_rules.grid_init(SFT_RL, SFT_RL_ROOT, is_committed)),
     output:
         f"{SFT_RL_DIR['grid']}/metrics.json",
     params:
@@ -286,8 +344,9 @@ rule sft_rl_bench:
     # needs the machine to itself: run it alone (`snakemake -c1 results/<scale>/bench/sft_rl.json`), or as the last
     # job of the study (it waits for every run, `input.after`).
     input:
-        init=f"{sft_rl_plan.bench_init_dir(SFT_RL, SFT_RL_ROOT)}/metrics.json",
-        after=SFT_RL_RUNS,
+        unpack(unless_committed(f"{RESULTS}/bench/sft_rl.json", lambda w: {
+            "init": sft_rl_rules.start_of(sft_rl_plan.bench_init_dir(SFT_RL, SFT_RL_ROOT), is_committed),
+            "after": SFT_RL_RUNS})),
     output:
         report(f"{RESULTS}/bench/sft_rl.json", category="sft_rl"),
     params:

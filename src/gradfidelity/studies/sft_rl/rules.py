@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
+from pathlib import Path
 
 from gradfidelity.lr_grid import GridRounds
 from gradfidelity.studies.sft_rl import plan
@@ -80,18 +82,45 @@ def gpus(cfg: StudyConfig, scale: str) -> int:
     return cfg.ranks if scale == "paper" else 0
 
 
-def rl_init(cfg: StudyConfig, root: str):
-    """input function: the metrics.json of the run an RL-stage job starts from (base or SFT)."""
+MODEL = "model"  # a run's checkpoint directory (models.save_checkpoint): never committed
+REPLAY = "replay"  # <run>/replay/: a committed run redone for its model (rule sft_rl_replay_*), checked against it
+
+
+def _nothing_committed(path: str) -> bool:
+    return False
+
+
+def start_of(run_dir: str, committed: Callable[[str], bool] = _nothing_committed) -> str:
+    """metrics.json of the run a job starts from (a base model or an SFT run). Its model lives beside it. A
+    committed record whose model is not here (a fresh clone commits records, never models) is started from its
+    replay instead: <run>/replay/metrics.json, the same run redone there and checked against the committed record
+    before anything trains on it (rules sft_rl_replay_base and sft_rl_replay_sft). `committed` is the workflow's
+    is_committed."""
+    if committed(f"{run_dir}/metrics.json") and not Path(run_dir, MODEL, "config.json").is_file():
+        return f"{run_dir}/{REPLAY}/metrics.json"
+    return f"{run_dir}/metrics.json"
+
+
+def base_start(root: str, committed: Callable[[str], bool] = _nothing_committed):
+    """input function of the jobs that start from the base model (SFT, alignment, the base's replays)."""
+    def start(wildcards) -> str:
+        return start_of(plan.base_dir(root, wildcards.model), committed)
+    return start
+
+
+def rl_init(cfg: StudyConfig, root: str, committed: Callable[[str], bool] = _nothing_committed):
+    """input function: the metrics.json of the run an RL-stage job starts from (base or SFT; `start_of`)."""
     def init(wildcards) -> str:
         d = plan.init_dir(cfg, root, wildcards.model, wildcards.variant, wildcards.method, int(wildcards.seed))
-        return f"{d}/metrics.json"
+        return start_of(d, committed)
     return init
 
 
-def rl_inputs(cfg: StudyConfig, root: str, selection: str | None = None):
+def rl_inputs(cfg: StudyConfig, root: str, selection: str | None = None,
+              committed: Callable[[str], bool] = _nothing_committed):
     """input function of a tuned RL-stage job: its start and, when the config selects LRs, the selection file
     (`selection`, default the selection rule's output; the workflow passes a given one with lr_selection_from)."""
-    init = rl_init(cfg, root)
+    init = rl_init(cfg, root, committed)
     selection = selection or plan.selection_path(root)
 
     def _input(wildcards) -> dict[str, str]:
@@ -101,10 +130,10 @@ def rl_inputs(cfg: StudyConfig, root: str, selection: str | None = None):
     return _input
 
 
-def grid_init(cfg: StudyConfig, root: str):
-    """input function of an LR-selection job: the metrics.json of the run it starts from."""
+def grid_init(cfg: StudyConfig, root: str, committed: Callable[[str], bool] = _nothing_committed):
+    """input function of an LR-selection job: the metrics.json of the run it starts from (`start_of`)."""
     def init(wildcards) -> str:
-        return f"{plan.grid_init_dir(cfg, root, wildcards.model, wildcards.method)}/metrics.json"
+        return start_of(plan.grid_init_dir(cfg, root, wildcards.model, wildcards.method), committed)
     return init
 
 
