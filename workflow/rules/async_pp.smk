@@ -48,7 +48,8 @@ rule async_pp_data:
 
 rule async_pp_train:
     input:
-        unpack(_ap_rules.train_input(given_lr_selection(ASYNC_PP_SELECTION), ASYNC_PP_DATA)),
+        unpack(unless_committed("async_pp_train", f"{ASYNC_PP_ROOT}/{_ap_plan.PATTERN}",
+                                _ap_rules.train_input(given_lr_selection(ASYNC_PP_SELECTION), ASYNC_PP_DATA))),
     output:
         f"{ASYNC_PP_ROOT}/{_ap_plan.PATTERN}",
     wildcard_constraints:
@@ -233,7 +234,7 @@ rule async_pp_claims:
 
 rule async_pp_bench:
     input:
-        list(ASYNC_PP_DATA.values()),
+        unless_committed("async_pp_bench", f"{RESULTS}/bench/async_pp.json", list(ASYNC_PP_DATA.values())),
     output:
         report(f"{RESULTS}/bench/async_pp.json", category="async_pp"),
     params:

@@ -194,31 +194,45 @@ def is_committed(path):
     return Path(REPO, path).is_file() and (COMMITTED is None or str(path) in COMMITTED)
 
 
-def _ancient_all(value):
+def _standing(value):
+    """A committed record's inputs: each one there marked ancient(), each one missing left out (a replay, a model,
+    prepared data: what a committed run does not need again)."""
     if isinstance(value, dict):
-        return {k: _ancient_all(v) for k, v in value.items()}
+        kept = {k: _standing(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v not in (None, [])}
     if isinstance(value, (list, tuple)):
-        return [_ancient_all(v) for v in value]
-    return ancient(value)
+        return [v for v in (_standing(x) for x in value) if v not in (None, [])]
+    return ancient(value) if Path(REPO, value).exists() else None
 
 
-def unless_committed(record, inputs):
+def is_forced(rule, path):
+    """True when this run asks for the job again: --forceall, --forcerun <its rule or its output>, or --force on it
+    as a target."""
+    settings = workflow.dag_settings
+    asked = {str(x) for x in settings.forcerun} | ({str(x) for x in settings.targets} if settings.forcetargets else set())
+    return settings.forceall or rule in asked or path in asked
+
+
+def unless_committed(rule, record, inputs):
     """input function of every rule whose output is a run's record (a training cell, an LR-grid point, a bench):
-    `inputs` (a path, list, dict or input function), each path marked ancient() once the job's `record` (its output
-    pattern) is a committed record.
+    `inputs` (a path, list, dict or input function), as they are for a new cell; once the job's `record` (its output
+    pattern) is a committed record, each input that is there is marked ancient() and each missing one left out.
 
     Why: a fresh clone writes every file with the clone's time, in no order a run made them; without this, a
     committed run whose upstream record or LR selection happened to be written a moment later would be retrained,
-    and so would every committed run downstream of a cell rebuilt for a new one. An ancient input that exists never
-    triggers its job (Snakemake's DAG: an input newer than the output, or updated by another job, is ignored), so a
-    committed record stands until it is asked for by name (`--forcerun <its metrics.json>` or its rule), while a new
-    cell still waits for everything it reads. A missing input is still made when the job itself must run."""
+    and so would every committed run downstream of a cell rebuilt for a new one (Snakemake also dates a job's
+    missing output by its dependents' outputs). An ancient input that exists never triggers its job, and a committed
+    run does not ask for what it no longer needs (its start's model, prepared data): the record stands until it is
+    asked for by name (`--forcerun <its output>` or `--forcerun <rule>`), and then the job reads its inputs as a
+    new cell does. A new cell waits for everything it reads."""
 
     def _inputs(wildcards):
         value = inputs(wildcards) if callable(inputs) else inputs
-        if not is_committed(apply_wildcards(record, wildcards)):
+        path = apply_wildcards(record, wildcards)
+        if not is_committed(path) or is_forced(rule, path):
             return value
-        return _ancient_all(value)
+        standing = _standing(value)
+        return [] if standing is None else standing
 
     return _inputs
 

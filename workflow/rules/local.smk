@@ -25,8 +25,9 @@ for _group in LOCAL_PLAN.groups(LOCAL_CONFIG).values():
         name:
             f"local_{_group.name}"
         input:
-            train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
-            meta=f"{RESULTS}/local/data/{{corpus}}/meta.json",
+            unpack(unless_committed(f"local_{_group.name}", LOCAL_RULES.group_record(LOCAL_PLAN, RESULTS, _group), {
+                "train": f"{RESULTS}/local/data/{{corpus}}/train.bin",
+                "meta": f"{RESULTS}/local/data/{{corpus}}/meta.json"})),
         output:
             expand(LOCAL_PLAN.run_pattern(RESULTS), method=_group.methods, allow_missing=True),
         wildcard_constraints:
@@ -57,8 +58,9 @@ for _group in LOCAL_PLAN.groups(LOCAL_CONFIG).values():
 # pages would not enter the tree's PSS, but its CPU would slow the probe's steps).
 rule local_memory:
     input:
-        train=f"{RESULTS}/local/data/enwik8/train.bin",
-        meta=f"{RESULTS}/local/data/enwik8/meta.json",
+        unpack(unless_committed("local_memory", f"{RESULTS}/local/memory/w{{width}}/seed{{seed}}/metrics.json", {
+            "train": f"{RESULTS}/local/data/enwik8/train.bin",
+            "meta": f"{RESULTS}/local/data/enwik8/meta.json"})),
     output:
         f"{RESULTS}/local/memory/w{{width}}/seed{{seed}}/metrics.json",
     params:

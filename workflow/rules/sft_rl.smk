@@ -63,7 +63,7 @@ rule sft_rl_sft:
     wildcard_constraints:
         **sft_rl_rules.constraints("variant", "seed"),
     input:
-        unpack(unless_committed(f"{SFT_RL_DIR['sft']}/metrics.json",
+        unpack(unless_committed("sft_rl_sft", f"{SFT_RL_DIR['sft']}/metrics.json",
                                 lambda w: {"base": _sft_rl_base_start(w)})),
     output:
         f"{SFT_RL_DIR['sft']}/metrics.json",
@@ -144,7 +144,7 @@ rule sft_rl_alignment:
     # Exported for ds_audit's A3 (its path: plan.alignment_metrics): Gram matrices of the per-micro-batch gradients
     # of SFT's first windows at the base model.
     input:
-        unpack(unless_committed(f"{SFT_RL_DIR['alignment']}/metrics.json",
+        unpack(unless_committed("sft_rl_alignment", f"{SFT_RL_DIR['alignment']}/metrics.json",
                                 lambda w: {"base": _sft_rl_base_start(w)})),
     output:
         f"{SFT_RL_DIR['alignment']}/metrics.json",
@@ -170,7 +170,7 @@ rule sft_rl_rl:
     wildcard_constraints:
         **sft_rl_rules.constraints("variant", "method", "seed"),
     input:
-        unpack(unless_committed(f"{SFT_RL_DIR['rl']}/metrics.json", sft_rl_rules.rl_inputs(
+        unpack(unless_committed("sft_rl_rl", f"{SFT_RL_DIR['rl']}/metrics.json", sft_rl_rules.rl_inputs(
             SFT_RL, SFT_RL_ROOT, given_lr_selection(SFT_RL_SELECTION), is_committed))),
     output:
         f"{SFT_RL_DIR['rl']}/metrics.json",
@@ -200,7 +200,7 @@ rule sft_rl_grid:
     wildcard_constraints:
         **sft_rl_rules.constraints("method", "lr", "seed"),
     input:
-        init=unless_committed(f"{SFT_RL_DIR['grid']}/metrics.json",
+        init=unless_committed("sft_rl_grid", f"{SFT_RL_DIR['grid']}/metrics.json",
                               sft_rl_rules.grid_init(SFT_RL, SFT_RL_ROOT, is_committed)),
     output:
         f"{SFT_RL_DIR['grid']}/metrics.json",
@@ -344,7 +344,7 @@ rule sft_rl_bench:
     # needs the machine to itself: run it alone (`snakemake -c1 results/<scale>/bench/sft_rl.json`), or as the last
     # job of the study (it waits for every run, `input.after`).
     input:
-        unpack(unless_committed(f"{RESULTS}/bench/sft_rl.json", lambda w: {
+        unpack(unless_committed("sft_rl_bench", f"{RESULTS}/bench/sft_rl.json", lambda w: {
             "init": sft_rl_rules.start_of(sft_rl_plan.bench_init_dir(SFT_RL, SFT_RL_ROOT), is_committed),
             "after": SFT_RL_RUNS})),
     output:

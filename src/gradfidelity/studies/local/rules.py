@@ -78,3 +78,9 @@ def omp_env(cfg: StudyConfig) -> str:
     """The shell prefix exporting OMP_WAIT_POLICY before the interpreter starts (libgomp reads it once, at load)."""
     policy = cfg.train.omp_wait_policy
     return f"OMP_WAIT_POLICY={policy} " if policy else ""
+
+
+def group_record(plan_module, results: str, group) -> str:
+    """The record that stands for a paired job of `group` (its first method's metrics.json, a pattern with the job's
+    wildcards): the workflow's unless_committed reads whether it is committed."""
+    return plan_module.run_pattern(results).replace("{method}", group.methods[0])
