@@ -105,7 +105,7 @@ check-reference: setup cpu-data
 	$(PY) -m gradfidelity check-reference --cores $(CORES) --out .cache/check-reference.csv
 
 # The cpu scale's real-text corpus for study C: Debian's python3.11-doc (PSF licence; docs/sources.md, Study C).
-# Pinned: the corpus's MD5 (LOCAL_PYDOCS_MD5 in workflow/rules/data.smk) is that release's; Debian's older point
+# Pinned: the corpus's MD5 (LOCAL_PYDOCS_MD5 in workflow/rules/local.smk) is that release's; Debian's older point
 # release (deb12u8) gives another text, and the committed cpu runs of study C were made on deb12u9.
 PYDOCS_VERSION := 3.11.2-6+deb12u9
 cpu-data:

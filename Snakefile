@@ -18,7 +18,6 @@ validate_section(config, "workflow/schemas/config.schema.yaml", "")
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/data.smk"
 include: "workflow/rules/ds_audit.smk"
 include: "workflow/rules/sft_rl.smk"
 include: "workflow/rules/async_pp.smk"

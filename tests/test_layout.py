@@ -80,3 +80,31 @@ def test_no_test_imports_another_test_module():
     for path in tests.rglob("*.py"):
         bad = {n for n in _imports(path) if re.search(r"(^|\.)test_\w+$", n)}
         assert not bad, f"{path.relative_to(tests)} imports a test module: {bad} (move shared helpers to a _module)"
+
+
+def _foreign_results_paths(text: str, own: str | None) -> list[str]:
+    """Paths into another study's results folder (`results/<scale>/<study>/` or `{RESULTS}/<study>/`) in a rules file
+    or config: one study reads another's files only through cross_study_input and that study's rules.EXPORTS."""
+    studies = "|".join(STUDIES)
+    found = re.findall(r"(?:results/[\w{}.-]+|\{RESULTS\})/(" + studies + r")\b", text)
+    return sorted({s for s in found if s != own})
+
+
+def _owner(path: Path) -> str | None:
+    return path.stem if path.stem in STUDIES else None
+
+
+def test_no_rules_file_or_config_names_another_studys_results():
+    files = sorted((REPO / "workflow" / "rules").glob("*.smk")) + sorted((REPO / "config").glob("*/*.yaml"))
+    offenders = {str(p.relative_to(REPO)): bad for p in files
+                 if (bad := _foreign_results_paths(p.read_text(), _owner(p)))}
+    assert not offenders, f"paths into another study's results (use cross_study_input / rules.EXPORTS): {offenders}"
+
+
+def test_a_planted_cross_study_path_is_caught():
+    planted = 'data: {corpus: file, path: results/cpu/local/corpus/python-docs-3.11.txt}'
+    assert _foreign_results_paths(planted, "async_pp") == ["local"]
+    assert _foreign_results_paths('input: f"{RESULTS}/sft_rl/base/seed0/metrics.json"', "ds_audit") == ["sft_rl"]
+    # its own folder, and a study-less path, are fine
+    assert _foreign_results_paths('f"{RESULTS}/local/data/{{corpus}}/meta.json"', "local") == []
+    assert _foreign_results_paths('f"{RESULTS}/runs/{{study}}.csv"', None) == []

@@ -68,6 +68,15 @@ def _restore_records(args) -> int:
     return 0
 
 
+def _cpu_part(args) -> int:
+    from pathlib import Path
+
+    from gradfidelity.parts import cpu_part
+
+    return cpu_part(Path(args.repo), args.study, args.scale, args.part, list_only=args.list, status=args.status,
+                    cores=args.cores, config=tuple(args.config))
+
+
 def _claim(args) -> int:
     from gradfidelity.claims.explain import explain_claim, list_claims
 
@@ -159,6 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo", default=".", help="the checkout the run ids are relative to")
     p.add_argument("--overwrite", action="store_true", help="replace records already there (default: keep them)")
     p.set_defaults(func=_restore_records)
+
+    p = sub.add_parser("cpu-part", help="a study's run in parts: train part k/n (by seed) of its missing runs, or "
+                                         "list what is missing")
+    p.add_argument("--study", required=True)
+    p.add_argument("--scale", default="cpu")
+    p.add_argument("--part", help="k/n: the k-th of n parts of the missing runs, split by seed (default 1/1)")
+    p.add_argument("--list", action="store_true", help="list the part's runs, train nothing")
+    p.add_argument("--status", action="store_true", help="list every missing run; exit 1 if any")
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--repo", default=".")
+    p.add_argument("--config", nargs="*", default=[], help="extra KEY=VALUE config, as given to snakemake --config")
+    p.set_defaults(func=_cpu_part)
 
     p = sub.add_parser("claim", help="one claim with everything behind it: evidence, verdict, runs, rebuild command")
     p.add_argument("id", nargs="?", help="claim id, e.g. C4 (see --list)")

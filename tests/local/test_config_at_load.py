@@ -1,6 +1,6 @@
 """Study C's config is checked when the workflow loads, before any job: `snakemake -n` refuses a config whose
 cross-field checks fail (config.py's `__post_init__`, built by common.smk's STUDY_CONFIG) or whose `source: file`
-corpus neither exists nor is made by a rule of the run (data.smk, corpus_check.py), naming the key.
+corpus neither exists nor is made by a rule of the run (local.smk, corpus_check.py), naming the key.
 
 How an override reaches the section (common.smk, `_load_study_config`): config/<scale>/local.yaml is read first,
 then the `local:` mapping of a user's --configfile (or --config) is merged into it key by key at every depth. So

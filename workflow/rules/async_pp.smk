@@ -24,12 +24,12 @@ CLAIM_EVIDENCE.append(f"{RESULTS}/claims/async_pp.json")
 REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + [f"{RESULTS}/bench/async_pp.json"])
 
 
-# A text file (config data.path; at the cpu scale Debian's Python docs, made by local_corpus_pydocs) -> the BPE
+# A text file (config data.path; at the cpu scale `local:python_docs`, the Debian Python docs study C exports) -> the BPE
 # trained on its training blocks and both splits as token ids, with the sizes and MD5s every run checks. Only the
 # cells and the bench of a `file` corpus ask for it.
 rule async_pp_data:
     input:
-        ASYNC_PP.data.path,
+        study_file(ASYNC_PP.data.path),
     output:
         **_ap_rules.data_files(ASYNC_PP, ASYNC_PP_ROOT, always=True),
     params:
@@ -43,7 +43,7 @@ rule async_pp_data:
     resources:
         **rule_resources("async_pp_data"),
     shell:
-        "{params.gf} async-pp-data --cfg {params.cfg} --out $(dirname {output.meta}) > {log} 2>&1"
+        "{params.gf} async-pp-data --cfg {params.cfg} --corpus {input} --out $(dirname {output.meta}) > {log} 2>&1"
 
 
 rule async_pp_train:

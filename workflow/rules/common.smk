@@ -214,7 +214,7 @@ def is_forced(rule, path):
 
 
 def unless_committed(rule, record, inputs):
-    """input function of every rule whose output is a run's record (a training cell, an LR-grid point, a bench):
+    """input function of each job that writes a run's record (a training cell, an LR-grid point, a bench):
     `inputs` (a path, list, dict or input function), as they are for a new cell; once the job's `record` (its output
     pattern) is a committed record, each input that is there is marked ancient() and each missing one left out.
 
@@ -247,6 +247,18 @@ def cross_study_input(study, name):
     alignment run): the owning study names it in its `rules.EXPORTS`, so no .smk rebuilds another study's paths and
     no study imports another."""
     return study_module(study, "rules").EXPORTS[name](STUDY_CONFIG[study], RESULTS)
+
+
+def study_file(value):
+    """A config value naming a file: `<study>:<name>` is a file another study exports (its rules.EXPORTS, through
+    cross_study_input: the cpu scale's study B names `local:python_docs`), anything else a path as written."""
+    study, sep, name = str(value).partition(":")
+    if sep and study in STUDIES and name:
+        exports = study_module(study, "rules").EXPORTS
+        if name not in exports:
+            raise UserError(f"{value!r}: study {study} exports no file {name!r} (it exports: {', '.join(exports) or 'none'})")
+        return cross_study_input(study, name)
+    return value
 
 
 # Every study's typed config, built once when the workflow loads: the cross-field checks a schema cannot express

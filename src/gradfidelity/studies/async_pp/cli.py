@@ -37,8 +37,9 @@ def _data(args) -> int:
     from gradfidelity.studies.async_pp.data import prepare_file
 
     data = _cfg(args.cfg).need("data").data
-    meta = prepare_file(data.path, args.out, data.bpe_vocab, data.val_fraction)
-    print(f"{data.path}: {meta['sizes']['train']} train / {meta['sizes']['val']} val tokens, vocabulary "
+    path = args.corpus or data.path  # the workflow resolves `<study>:<name>` (common.smk study_file)
+    meta = prepare_file(path, args.out, data.bpe_vocab, data.val_fraction)
+    print(f"{path}: {meta['sizes']['train']} train / {meta['sizes']['val']} val tokens, vocabulary "
           f"{meta['vocab_size']}, {meta['chars_per_token']} characters a token")
     return 0
 
@@ -138,6 +139,7 @@ def register(sub) -> None:
     p = sub.add_parser("async-pp-data", help="study B: a text file -> BPE-tokenized train/val splits")
     p.add_argument("--cfg", required=True, help="JSON: the data section")
     p.add_argument("--out", required=True, help="the prepared corpus folder")
+    p.add_argument("--corpus", help="the text file (default: data.path)")
     p.set_defaults(func=_data)
 
     p = sub.add_parser("async-pp-select-lr", help="study B: choose each arm's LR on its own grid")

@@ -1,4 +1,4 @@
-"""Subcommands of study C (called by workflow/rules/local.smk and data.smk): argparse glue. Each job reads its
+"""Subcommands of study C (called by workflow/rules/local.smk): argparse glue. Each job reads its
 `--cfg` (the keys `rules.JOB_KEYS` gives it) into the typed config before any work."""
 
 from __future__ import annotations

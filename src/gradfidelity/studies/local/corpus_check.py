@@ -1,4 +1,4 @@
-"""Load-time check of study C's `source: file` corpora (called from workflow/rules/data.smk). Torch-free.
+"""Load-time check of study C's `source: file` corpora (called from workflow/rules/local.smk). Torch-free.
 
 A `source: file` corpus is an input of the data rule (`local_data`). A path that neither exists nor is made by a
 rule of this run would otherwise surface only when Snakemake builds the DAG, as a bare MissingInputException that

@@ -1,4 +1,4 @@
-"""What workflow/rules/local.smk (and data.smk's local_data) asks of study C: the config keys each job reads, the
+"""What workflow/rules/local.smk asks of study C: the config keys each job reads, the
 params functions, the wildcard constraints, threads and the environment prefix. Torch-free.
 
 The rules pass each job only the keys it reads (`JOB_KEYS`), as JSON on `--cfg`: Snakemake reruns a job whose
@@ -84,3 +84,10 @@ def group_record(plan_module, results: str, group) -> str:
     """The record that stands for a paired job of `group` (its first method's metrics.json, a pattern with the job's
     wildcards): the workflow's unless_committed reads whether it is committed."""
     return plan_module.run_pattern(results).replace("{method}", group.methods[0])
+
+
+# Files other studies' rules read (workflow/rules/common.smk: cross_study_input): name -> f(typed config, results
+# root). Study B trains on the same Python-docs text as the cpu scale's main corpus (rule local_corpus_pydocs).
+EXPORTS = {
+    "python_docs": lambda cfg, results: f"{results}/local/corpus/python-docs-3.11.txt",
+}

@@ -1,0 +1,104 @@
+"""A run's committed records (harness/records.py) and the run in parts (parts.py): a runs table restores the
+records it was built from, a replay of a committed run is checked against its record (bit for bit on the same host
+type, within the measured drift elsewhere, and a chaotic metric is a mismatch), parts split by whole seeds."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from gradfidelity.errors import UserError
+from gradfidelity.harness.io import atomic_write_csv, atomic_write_json
+from gradfidelity.harness.records import check, restore
+from gradfidelity.harness.results import runs_table
+from gradfidelity.parts import seed_of, split
+
+AMD = {"cpu_model": "AMD EPYC", "cpu_count": 2, "cpu_vendor": "AuthenticAMD", "cpu_family": 25, "cpu_model_number": 17,
+       "cpu_stepping": 1, "cpu_capability": "AVX512", "cpu_flags": "avx2 avx512f avx512_bf16", "cpu_isa_limits": "none"}
+INTEL = {**AMD, "cpu_model": "Intel Xeon", "cpu_vendor": "GenuineIntel", "cpu_family": 6, "cpu_model_number": 167}
+
+
+def _run(run_dir, *, loss=3.5, curve=(5.0, 4.0), wall=10.0, machine=AMD, study="async_pp", seed=0):
+    """A finished run as the harness leaves it: metrics.json and provenance.json."""
+    atomic_write_json(run_dir / "metrics.json", {
+        "status": "ok", "study": study, "scale": "cpu", "seed": seed, "threads": 1,
+        "cell": {"study": study, "seed": str(seed)},
+        "metrics": {"final_val_loss": loss, "curve": list(curve)}, "timing": {"wall_s": wall}})
+    atomic_write_json(run_dir / "provenance.json", {
+        "study": study, "scale": "cpu", "seed": seed, "status": "ok", "git_sha": "abc", "git_dirty": False,
+        "git_dirty_files": [], "git_dirty_outputs": ["paper_tables/cpu/x.md"], "machine": machine,
+        "threads": {"torch_num_threads": 1, "OMP_NUM_THREADS": "1"}, "resumed_from_step": None,
+        "checkpoints_discarded": [], "packages": {"torch": "2.13.0"}})
+    return run_dir / "metrics.json"
+
+
+def _drift(repo, study="async_pp", metric="final_val_loss", rel=0.002):
+    atomic_write_csv(pd.DataFrame([{"study": study, "run": "r", "metric": metric, "rel_difference": rel}]),
+                     repo / "results/cpu/reference/drift_test.csv")
+
+
+def test_a_runs_table_restores_the_records_it_was_built_from(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    paths = [_run(tmp_path / f"results/cpu/async_pp/cell/seed{k}", seed=k, loss=3.5 + k) for k in range(3)]
+    table = runs_table([p.relative_to(tmp_path) for p in paths], "cpu")
+    atomic_write_csv(table, tmp_path / "runs.csv")
+    for p in paths:
+        p.parent.joinpath("metrics.json").unlink()
+        p.parent.joinpath("provenance.json").unlink()
+    written = restore(tmp_path / "runs.csv", tmp_path)
+    assert len(written) == 3
+    rebuilt = runs_table([p.relative_to(tmp_path) for p in paths], "cpu")
+    atomic_write_csv(rebuilt, tmp_path / "rebuilt.csv")
+    assert (tmp_path / "rebuilt.csv").read_text() == (tmp_path / "runs.csv").read_text()
+    prov = json.loads((paths[0].parent / "provenance.json").read_text())
+    assert prov["restored_from"].endswith("runs.csv")
+    bench = (paths[0].parent / "benchmark.tsv").read_text().splitlines()
+    assert bench[0].split("\t")[0] == "s" and set(bench[1].split("\t")) == {"-"}  # not measured, said so
+    # a run's own record is never replaced by a restored one unless asked
+    assert restore(tmp_path / "runs.csv", tmp_path) == []
+
+
+def test_a_table_without_metrics_json_cannot_restore(tmp_path):
+    pd.DataFrame([{"run_id": "results/cpu/local/x", "study": "local"}]).to_csv(tmp_path / "old.csv", index=False)
+    with pytest.raises(UserError, match="no metrics_json"):
+        restore(tmp_path / "old.csv", tmp_path)
+
+
+def test_a_replay_equal_to_its_record_passes_and_wall_clock_is_ignored(tmp_path):
+    committed = _run(tmp_path / "run", wall=10.0)
+    fresh = _run(tmp_path / "run/replay", wall=99.0)
+    assert "equals its committed record" in check(committed, fresh, tmp_path)
+
+
+def test_a_replay_that_differs_on_the_same_host_type_stops_naming_both_records(tmp_path):
+    committed = _run(tmp_path / "run")
+    fresh = _run(tmp_path / "run/replay", curve=(5.0, 4.0000001))  # the scalars agree; the record does not
+    with pytest.raises(UserError) as err:
+        check(committed, fresh, tmp_path)
+    assert str(committed) in str(err.value) and str(fresh) in str(err.value)
+    assert "same host type" in str(err.value) and "No downstream job trains on it" in str(err.value)
+
+
+def test_across_host_types_a_drifting_metric_is_judged_by_its_rule(tmp_path):
+    _drift(tmp_path, rel=0.002)  # rule: rel <= 0.005
+    committed = _run(tmp_path / "run", loss=3.500)
+    assert "equals" in check(committed, _run(tmp_path / "a/replay", loss=3.510, machine=INTEL), tmp_path)
+    with pytest.raises(UserError, match="rerun the study whole"):
+        check(committed, _run(tmp_path / "b/replay", loss=3.600, machine=INTEL), tmp_path)
+
+
+def test_across_host_types_a_chaotic_metric_is_a_mismatch(tmp_path):
+    _drift(tmp_path, rel=0.6)  # above the largest comparable drift: not comparable across hosts
+    committed = _run(tmp_path / "run", loss=3.5)
+    with pytest.raises(UserError, match="another draw on this host type"):
+        check(committed, _run(tmp_path / "replay", loss=3.5, machine=INTEL), tmp_path)
+
+
+def test_parts_split_by_whole_seeds():
+    paths = [f"results/cpu/local/enwik8/w32/{m}/seed{s}/metrics.json" for s in range(5) for m in ("bp", "rgc")]
+    parts = [split(paths, k, 2) for k in (1, 2)]
+    assert sorted(parts[0] + parts[1]) == sorted(paths)
+    assert {seed_of(p) for p in parts[0]} == {0, 1} and {seed_of(p) for p in parts[1]} == {2, 3, 4}
+    assert split(["results/cpu/sft_rl/m/base/seed0/metrics.json", "results/cpu/x/lr~x1/metrics.json"], 1, 1)
+    with pytest.raises(UserError):
+        split(paths, 3, 2)
