@@ -20,7 +20,7 @@ export XDG_CACHE_HOME := $(CURDIR)/.cache/xdg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DS_ACCELERATOR := cpu
 
-.PHONY: setup reproduce run test test-fast test-slurm lint-only check-reference cpu-data docs lint dryrun report clean-results
+.PHONY: setup reproduce run test test-fast test-slurm lint-only check-reference check-rebuild cpu-part cpu-aggregate cpu-data docs lint dryrun report clean-results
 setup: $(VENV)/.stamp $(DS_BUGGY)/.stamp $(VENV)/.checkout-env $(VENV)/.ds-ops
 
 # DeepSpeed's CPU ops (the shared-memory comm op, cpu_adam) JIT-built once per pinned version into the checkout's
@@ -103,6 +103,21 @@ lint-only:
 # One summary line last; the full table in .cache/check-reference.csv (verdicts: .cache/check-reference.verdicts.csv).
 check-reference: setup cpu-data
 	$(PY) -m gradfidelity check-reference --cores $(CORES) --out .cache/check-reference.csv
+
+# Every committed table, figure, claim and runs table rebuilt from the committed run records (no training job) and
+# compared with the committed files: exit 1 naming each file that differs (CONTRIBUTING.md, committing cpu results).
+check-rebuild: setup
+	$(PY) -m gradfidelity check-rebuild --cores $(CORES)
+
+# A study's cpu run in parts (CONTRIBUTING.md): `make cpu-part STUDY=local PART=1/3` trains the first third (by whole
+# seeds) of the runs that have no committed record; `make cpu-aggregate STUDY=local` lists what is still missing and
+# stops, or builds the study's tables and claims once every part is there. CONFIG: extra KEY=VALUE for --config.
+cpu-part: setup cpu-data
+	$(PY) -m gradfidelity cpu-part --study $(STUDY) --part $(PART) --cores $(CORES) --config $(CONFIG)
+
+cpu-aggregate: setup
+	$(PY) -m gradfidelity cpu-part --study $(STUDY) --status --config $(CONFIG)
+	$(VENV)/bin/snakemake -c$(CORES) $(STUDY) results/cpu/runs/$(STUDY).csv --config scale=cpu $(CONFIG)
 
 # The cpu scale's real-text corpus for study C: Debian's python3.11-doc (PSF licence; docs/sources.md, Study C).
 # Pinned: the corpus's MD5 (LOCAL_PYDOCS_MD5 in workflow/rules/local.smk) is that release's; Debian's older point

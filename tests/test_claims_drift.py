@@ -73,3 +73,18 @@ def test_a_verdicts_file_of_another_shape_or_another_registry_is_refused(tmp_pat
     with pytest.raises(UserError, match="Z9"):
         write_claims_report([_evidence(tmp_path)], tmp_path / "c.csv", tmp_path / "c.md", "cpu",
                             drift_verdicts=[unknown])
+
+
+def test_a_claim_none_of_whose_runs_was_rerun_reads_not_in_the_drift_sample():
+    from gradfidelity.claims.report import NOT_SAMPLED
+
+    flags = drift_flags(_verdicts([
+        {"id": "A5", "committed": "reproduced", "rerun": "reproduced", "unchanged": True, "sampled_runs": 0},
+        {"id": "A7", "committed": "not measured at this scale", "rerun": "not measured at this scale",
+         "unchanged": True, "sampled_runs": 2}]))
+    assert flags["A5"] == f"{NOT_SAMPLED}: none of the runs it reads was rerun (drift_avx2_vs_avx512.csv)"
+    assert flags["A7"] == "unchanged under rerun at AVX2 (drift_avx2_vs_avx512.csv); value identical (2 of its runs rerun)"
+    # even a flip would not be read from a claim whose runs were not rerun: it cannot have moved
+    flags = drift_flags(_verdicts([{"id": "A5", "committed": "reproduced", "rerun": "inconclusive",
+                                    "unchanged": False, "sampled_runs": 0}]))
+    assert flags["A5"].startswith(NOT_SAMPLED)

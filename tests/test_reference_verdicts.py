@@ -102,8 +102,10 @@ def test_a_rerun_that_flips_a_verdict_exits_3(fake_checkout, tmp_path, capsys):
     out = tmp_path / "table.csv"
     assert reference.check_reference(repo, studies=("local",), workdir=tmp_path / "work", out=out) == 3
     text = capsys.readouterr().out
-    assert ("check-reference: 1 runs, 1 metrics: 0 bit for bit, 1 within cross-host drift (largest 0.6%), 0 outside "
+    assert ("1 runs, 1 metrics: 0 bit for bit, 1 within cross-host drift (largest 0.6%), 0 outside "
             "their rule; verdicts unchanged: 0 of 1 (flipped: X1)") in text
+    summary = next(line for line in text.splitlines() if line.startswith("check-reference: committed on "))
+    assert summary.startswith("check-reference: committed on unknown ISA, rerun on ")  # the two host types named
     assert "unknown ISA (AMD EPYC)" in text  # the committed row predates the CPU identity: another host
     assert pd.read_csv(out)["hosts"].tolist() == ["cross"]
     assert pd.read_csv(out.with_suffix(".verdicts.csv"))["rerun"].tolist() == [INCONCLUSIVE]

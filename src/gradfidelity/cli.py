@@ -77,6 +77,14 @@ def _cpu_part(args) -> int:
                     cores=args.cores, config=tuple(args.config))
 
 
+def _check_rebuild(args) -> int:
+    from pathlib import Path
+
+    from gradfidelity.rebuild import check_rebuild
+
+    return check_rebuild(Path(args.repo), args.scale, args.cores)
+
+
 def _claim(args) -> int:
     from gradfidelity.claims.explain import explain_claim, list_claims
 
@@ -180,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo", default=".")
     p.add_argument("--config", nargs="*", default=[], help="extra KEY=VALUE config, as given to snakemake --config")
     p.set_defaults(func=_cpu_part)
+
+    p = sub.add_parser("check-rebuild", help="rebuild every committed table, figure, claim and runs table from the "
+                                              "committed run records (no training) and list what differs")
+    p.add_argument("--scale", default="cpu")
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--repo", default=".")
+    p.set_defaults(func=_check_rebuild)
 
     p = sub.add_parser("claim", help="one claim with everything behind it: evidence, verdict, runs, rebuild command")
     p.add_argument("id", nargs="?", help="claim id, e.g. C4 (see --list)")

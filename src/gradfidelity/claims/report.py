@@ -56,6 +56,7 @@ def counts_line(df: pd.DataFrame) -> str:
 
 FRAGILE = "fragile: flips within hardware drift"
 VALUE_MOVED = "value moved"  # an unchanged verdict whose value moved under the drift
+NOT_SAMPLED = "not in the drift sample"  # a recomputed claim none of whose runs was rerun
 DRIFT_COLUMNS = {"id", "committed", "rerun", "unchanged", "committed_value", "rerun_value", "values", "source"}
 
 
@@ -77,6 +78,10 @@ def drift_flags(verdicts: pd.DataFrame) -> dict[str, str]:
     claim some measurement recomputed; a claim none recomputed is absent (not measured, never "stable")."""
     out = {}
     for cid, rows in verdicts.groupby("id", sort=False):
+        if "sampled_runs" in rows and pd.to_numeric(rows["sampled_runs"], errors="coerce").fillna(0).eq(0).all():
+            out[cid] = (f"{NOT_SAMPLED}: none of the runs it reads was rerun ("
+                        + ", ".join(sorted({str(r.source) for r in rows.itertuples()})) + ")")
+            continue
         flips = rows[~rows["unchanged"].astype(bool)]
         if len(flips):
             out[cid] = FRAGILE + ": " + "; ".join(
@@ -85,9 +90,11 @@ def drift_flags(verdicts: pd.DataFrame) -> dict[str, str]:
         else:
             moved = rows[rows["committed_value"].astype(str) != rows["rerun_value"].astype(str)]
             # an unchanged verdict whose value did not move says little: the claim may read no sampled run
+            identical = ("value identical (no sampled run feeds it, or the rerun was bit for bit)"
+                         if "sampled_runs" not in rows else
+                         f"value identical ({int(pd.to_numeric(rows['sampled_runs']).max())} of its runs rerun)")
             how = (f"{VALUE_MOVED}: " + "; ".join(f"{r.committed_value} -> {r.rerun_value} ({r.values})"
-                                               for r in moved.itertuples())) if len(moved) else (
-                "value identical (no sampled run feeds it, or the rerun was bit for bit)")
+                                               for r in moved.itertuples())) if len(moved) else identical
             out[cid] = ("unchanged under " + ", ".join(sorted({f"{r.values} ({r.source})" for r in rows.itertuples()}))
                         + "; " + how)
     return out
@@ -100,12 +107,14 @@ def drift_note(df: pd.DataFrame, flags: dict[str, str], scale: str) -> str:
                 "tables can rebuild their run records), so this report cannot say which verdicts survive another "
                 "CPU's rounding; the metrics' own drift is in results/" + scale + "/reference/drift_*.csv.")
     fragile = [cid for cid in df["id"] if flags.get(cid, "").startswith(FRAGILE)]
+    unsampled = [cid for cid in df["id"] if flags.get(cid, "").startswith(NOT_SAMPLED)]
     moved = [cid for cid in df["id"] if f"; {VALUE_MOVED}: " in flags.get(cid, "")]
     return (f"Hardware drift: {len(flags)} claims recomputed with the sampled runs' values rerun at another ISA "
             f"level; {len(fragile)} {FRAGILE}" + (f" ({', '.join(fragile)})" if fragile else "")
             + f"; {len(moved)} unchanged with a value that moved" + (f" ({', '.join(moved)})" if moved else "")
-            + f"; the other {len(flags) - len(fragile) - len(moved)} read no run that moved (no sampled run feeds "
-            f"them, or it repeated bit for bit), so they test the sample more than the claim; "
+            + f"; {len(unsampled)} {NOT_SAMPLED}" + (f" ({', '.join(unsampled)})" if unsampled else "")
+            + f"; the other {len(flags) - len(fragile) - len(moved) - len(unsampled)} read a sampled run that "
+            f"repeated bit for bit or did not move their value; "
             f"{len(df) - len(flags)} not recomputed (column 'under hardware drift': empty).")
 
 

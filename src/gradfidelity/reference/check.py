@@ -53,6 +53,16 @@ from gradfidelity.harness.io import atomic_write_csv
 from gradfidelity.harness.provenance import describe_host, host_type, same_host_type
 from gradfidelity.harness.results import runs_table
 from gradfidelity.reference.dag import Job, closures, parse_dry_run, snakemake
+from gradfidelity.reference.seeds import (
+    FAMILY_ALPHA,
+    MIN_SEEDS,
+    ONE_MORE_SEED,
+    arm_of,
+    arm_values,
+    chaotic_metrics,
+    is_chaotic,
+    judge,
+)
 from gradfidelity.studies import STUDIES
 
 __all__ = ["DRIFT_DIR", "MAX_REL", "MIN_REL", "Job", "check_reference", "closures", "compare", "cross_host_rules",
@@ -84,8 +94,51 @@ def _sha(run_id: str) -> str:
     return hashlib.sha256(run_id.encode()).hexdigest()
 
 
-def select(tables: dict[str, pd.DataFrame], plans: dict[str, list[Job]], budget_s: float = BUDGET_S) -> list[str]:
-    """The sample's run ids, by the rule in the module docstring. `plans[study]` is the dry run of its candidates."""
+def claim_runs(repo: Path, tables: dict[str, pd.DataFrame]) -> dict[str, dict[str, list[str]]]:
+    """study -> claim -> the committed runs the claim's value reads: its evidence's `sources` that are runs of a
+    sampled study's table, in the order the evidence lists them, without the arms every claim of the study reads
+    (study A's base model: a gate of each claim, not what a claim compares)."""
+    from gradfidelity.harness.io import read_json
+
+    known = {r for df in tables.values() for r in df["run_id"]}
+    out = {}
+    for study in tables:
+        path = Path(repo) / "results" / SCALE / "claims" / f"{study}.json"
+        values = read_json(path).get("values", {}) if path.is_file() else {}
+        claims = {cid: [s for s in (v.get("sources") or []) if s in known] for cid, v in values.items()}
+        read = [set(map(arm_of, runs)) for runs in claims.values() if runs]
+        shared = set.intersection(*read) if len(read) > 1 else set()
+        out[study] = {cid: [r for r in runs if arm_of(r) not in shared] for cid, runs in claims.items()}
+    return out
+
+
+def coverage(runs_of: dict[str, dict[str, list[str]]], sample: list[str]) -> dict[str, tuple[int, int]]:
+    """study -> (claims with at least one sampled run among those they read, claims that read any run)."""
+    chosen = set(sample)
+    return {study: (sum(1 for runs in claims.values() if chosen & set(runs)), sum(1 for r in claims.values() if r))
+            for study, claims in runs_of.items()}
+
+
+def sampled_runs_per_claim(runs_of: dict[str, dict[str, list[str]]], sample: list[str]) -> dict[str, int]:
+    chosen = set(sample)
+    return {cid: len(chosen & set(runs)) for claims in runs_of.values() for cid, runs in claims.items()}
+
+
+def _arms(runs: list[str]) -> list[str]:
+    seen = []
+    for run in runs:
+        if arm_of(run) not in seen:
+            seen.append(arm_of(run))
+    return seen
+
+
+def select(tables: dict[str, pd.DataFrame], plans: dict[str, list[Job]], budget_s: float = BUDGET_S,
+           runs_of: dict[str, dict[str, list[str]]] | None = None) -> list[str]:
+    """The sample's run ids, by the rule in the module docstring. `plans[study]` is the dry run of its candidates.
+
+    Then, for a study whose metrics are chaotic across hosts (reference/seeds.py: a rerun elsewhere is one more
+    seed, so its verdicts are the check that can fail), every claim gets a run it reads: the first-seed run of each
+    of its first two arms (in its evidence's order: for A5 the fixed SFT and the buggy one), whatever the budget."""
     wall = {r.run_id: float(r.wall_s) for df in tables.values() for r in df.itertuples()}
     order, cost_of = {}, {}
     for study in STUDY_ORDER:
@@ -129,6 +182,17 @@ def select(tables: dict[str, pd.DataFrame], plans: dict[str, list[Job]], budget_
                     done |= cost_of[c][0]
                     progress = True
                     break
+    for study, claims in (runs_of or {}).items():
+        if study not in order or not chaotic_metrics(study):
+            continue
+        first = {arm_of(c): c for c in cost_of if c.startswith(f"results/{SCALE}/{study}/")}
+        for runs in claims.values():
+            for arm in _arms(runs)[:2]:
+                c = first.get(arm)
+                if c is None or c in chosen or any(arm_of(x) == arm for x in chosen):
+                    continue
+                chosen.append(c)
+                done |= cost_of[c][0]
     return chosen
 
 
@@ -199,17 +263,19 @@ def record_digest(metrics_json) -> str | None:
 
 
 def compare(committed: pd.DataFrame, rerun: pd.DataFrame, rules: dict[tuple[str, str], float | None] | None = None,
-            force_cross_host: bool = False) -> pd.DataFrame:
+            force_cross_host: bool = False, seeds: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per (run, metric): committed, rerun, difference (absolute and relative), the rule applied, the
     verdict (ok, MISMATCH, or "not comparable" across hosts) and whether the two runs ran on one host type.
 
     A run is compared bit for bit only when its committed row and its rerun row carry the same CPU identity
     (`harness.provenance.same_host_type`: vendor, family/model/stepping, torch's ISA level, ISA flags and limits);
     a committed row without one ("unknown ISA", made before provenance recorded it) is another host. Across hosts
-    the measured rules apply (`cross_host_rules`; a metric without a rule is compared exactly).
-    `force_cross_host` applies them on one host type too (to measure drift)."""
+    the measured rules apply (`cross_host_rules`; a metric without a rule is compared exactly), except for a metric
+    its study declares chaotic across hosts: with `seeds` (every committed run of the sampled studies), that one is
+    judged as one more seed of its arm (reference/seeds.py). `force_cross_host` applies the cross-host rules on one
+    host type too (to measure drift)."""
     rules = rules or {}
-    rows = []
+    rows, as_seed = [], []  # as_seed: (row index, rerun value, the arm's committed values)
     rerun = rerun.set_index("run_id")
     for rec in committed.itertuples(index=False):
         rec = rec._asdict()
@@ -233,6 +299,15 @@ def compare(committed: pd.DataFrame, rerun: pd.DataFrame, rules: dict[tuple[str,
             metric = key[len("metric_"):]
             tol = 0.0 if exact else rules.get((study, metric), 0.0)
             rule = "exact" if tol == 0 else ("not comparable" if tol is None else f"rel<={tol:.3g}")
+            values = arm_values(seeds, run, metric) if not exact and seeds is not None and is_chaotic(
+                study, metric) else []
+            if len(values) >= MIN_SEEDS and not _missing(b):  # else: no seed distribution, the drift rule below
+                diff = float(b) - float(a)
+                rel = abs(diff) / max(abs(float(a)), 1e-12)
+                as_seed.append((len(rows), b, values))
+                rows.append({"run": run, "metric": metric, "committed": a, "rerun": b, "difference": diff,
+                             "rel_difference": rel, "rule": "", "verdict": "", "hosts": hosts})
+                continue
             if _missing(b):
                 verdict, diff, rel = "MISMATCH", "", ""
             else:
@@ -250,6 +325,9 @@ def compare(committed: pd.DataFrame, rerun: pd.DataFrame, rules: dict[tuple[str,
             rows.append({"run": run, "metric": RECORD, "committed": digest_a, "rerun": digest_b,
                          "difference": 0.0 if digest_a == digest_b else "", "rel_difference": "",
                          "rule": "exact" if exact else "not comparable", "verdict": verdict, "hosts": hosts})
+    alpha = FAMILY_ALPHA / max(len(as_seed), 1)
+    for i, value, values in as_seed:
+        rows[i]["rule"], rows[i]["verdict"] = judge(rows[i]["committed"], value, values, alpha)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -267,18 +345,26 @@ def exit_code(table: pd.DataFrame, verdicts: pd.DataFrame | None) -> int:
     return 0
 
 
-def summary_line(table: pd.DataFrame, verdicts: pd.DataFrame | None, not_recomputed: dict[str, str]) -> str:
-    """The one line a reviewer acts on, e.g. '21 runs, 137 metrics: 105 bit for bit, 32 within cross-host drift
-    (largest 0.66%), 0 outside their rule, 0 not comparable; verdicts unchanged: 35 of 35'."""
+def summary_line(table: pd.DataFrame, verdicts: pd.DataFrame | None, not_recomputed: dict[str, str],
+                 hosts: str = "", coverage: dict[str, tuple[int, int]] | None = None) -> str:
+    """The one line a reviewer acts on, e.g. 'committed on AuthenticAMD 25/17 AVX512, rerun on GenuineIntel 6/167
+    AVX512; 20 runs, 177 metrics: 91 bit for bit, 37 within cross-host drift (largest 0.51%), 33 as one more seed
+    (inside their arm's prediction interval), 0 outside their rule, 16 not comparable across hosts; verdicts
+    unchanged: 26 of 26; claims with a sampled run: ds_audit 7 of 7, sft_rl 6 of 6, ...'."""
     diff = pd.to_numeric(table["difference"], errors="coerce")
     rel = pd.to_numeric(table["rel_difference"], errors="coerce")
     ok = table["verdict"] == "ok"
-    same = ok & (diff == 0)
-    drifted = ok & (diff != 0)
+    seed = table["rule"].astype(str).str.startswith(ONE_MORE_SEED)
+    same = ok & (diff == 0) & ~seed
+    drifted = ok & (diff != 0) & ~seed
     outside = table["verdict"] == "MISMATCH"
     largest = f" (largest {100 * rel[drifted].max():.2g}%)" if drifted.any() else ""
-    parts = [f"{table['run'].nunique()} runs, {len(table)} metrics: {int(same.sum())} bit for bit, "
-             f"{int(drifted.sum())} within cross-host drift{largest}, {int(outside.sum())} outside their rule"]
+    head = f"{hosts}; " if hosts else ""
+    parts = [f"{head}{table['run'].nunique()} runs, {len(table)} metrics: {int(same.sum())} bit for bit, "
+             f"{int(drifted.sum())} within cross-host drift{largest}"]
+    if (ok & seed).any():
+        parts[0] += f", {int((ok & seed).sum())} as one more seed (inside their arm's prediction interval)"
+    parts[0] += f", {int(outside.sum())} outside their rule"
     skipped = int((table["verdict"] == "not comparable").sum())
     if skipped:
         parts[0] += f", {skipped} not comparable across hosts"
@@ -288,14 +374,28 @@ def summary_line(table: pd.DataFrame, verdicts: pd.DataFrame | None, not_recompu
                      + (f" (flipped: {', '.join(flipped['id'])})" if len(flipped) else ""))
     if not_recomputed:
         parts.append(f"verdicts not recomputed for {', '.join(sorted(not_recomputed))} (reason above)")
+    if coverage:
+        parts.append("claims with a sampled run: " + ", ".join(f"{s} {k} of {n}" for s, (k, n) in coverage.items()))
     return "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------------------------- run it
+def _is_run_record(rel: str) -> bool:
+    """A committed run's record (results/cpu/<study>/.../{metrics,provenance}.json, benchmark*.tsv): left out of the
+    scratch copy, so that the sample reruns instead of standing as committed. The LR selections and rounds stay."""
+    parts = rel.split("/")
+    return (len(parts) > 3 and parts[:2] == ["results", SCALE] and parts[2] not in ("runs", "claims", "bench",
+                                                                                       "reference")
+            and parts[-1] != "lr_selection.json" and "lr_rounds" not in parts)
+
+
 def _scratch_copy(repo: Path, work: Path) -> None:
-    """The checkout's tracked files (as they are in the working tree), without results, into `work`."""
+    """The checkout's tracked files (as they are in the working tree), without results and run records, into
+    `work`."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, check=True).stdout
     for rel in filter(None, files.decode().split("\0")):
+        if _is_run_record(rel):
+            continue
         src = repo / rel
         if src.is_file():
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -340,7 +440,7 @@ def committed_tables(repo: Path, studies: tuple[str, ...]) -> dict[str, pd.DataF
 
 
 def plan_sample(repo: Path, work: Path, tables: dict[str, pd.DataFrame], budget_s: float,
-                extra_config: tuple[str, ...]) -> list[str]:
+                extra_config: tuple[str, ...], runs_of: dict[str, dict[str, list[str]]] | None = None) -> list[str]:
     """The fixed sample's run ids (module docstring), from one dry run per study in the scratch copy `work`."""
     _scratch_copy(repo, work)
     plans = {}
@@ -352,18 +452,22 @@ def plan_sample(repo: Path, work: Path, tables: dict[str, pd.DataFrame], budget_
         if res.returncode != 0:
             raise UserError(f"the dry run of {study}'s reference cells failed:\n{res.stderr[-2000:]}")
         plans[study] = parse_dry_run(res.stdout)
-    return select(tables, plans, budget_s)
+    return select(tables, plans, budget_s, runs_of)
 
 
 def rerun_sample(work: Path, sample: list[str], cores: int, extra_config: tuple[str, ...],
                  env: dict | None = None) -> pd.DataFrame:
     """Rerun the sample's runs (and their upstream jobs) in the scratch copy `work`; their runs table, each row
     made by the same `runs_table` that made the committed rows (the CPU identity read in the training process)."""
+    t0 = time.time()
     res = snakemake(work, [f"-c{cores}", *[_metrics_path(r) for r in sample], "--config", f"scale={SCALE}",
                            *extra_config], timeout=3600, env=env)
     if res.returncode != 0:
         raise UserError(f"the rerun failed; the scratch copy is kept in {work} (job logs under "
                         f"results/cpu/*/logs):\n{res.stderr[-3000:]}")
+    stale = [r for r in sample if (work / _metrics_path(r)).stat().st_mtime < t0]
+    if stale:  # a record that stood instead of rerunning would compare the committed run with itself
+        raise UserError(f"check-reference: {len(stale)} sampled runs were not rerun in {work} (e.g. {stale[0]})")
     rerun = runs_table([work / _metrics_path(r) for r in sample], SCALE)
     rerun["run_id"] = list(sample)  # the committed tables name runs relative to the checkout
     return rerun
@@ -378,6 +482,18 @@ def hosts_line(committed: pd.DataFrame, rerun: pd.DataFrame) -> str:
             out.add(name if host_type(row) else f"{name} ({row.get('cpu_model')})")
         return "; ".join(sorted(out))
     return f"rerun on: {names(rerun)}. committed on: {names(committed)}"
+
+
+def _short_host(row: dict) -> str:
+    key = host_type(row)
+    return "unknown ISA" if key is None else f"{key[0]} {key[1]}/{key[2]} {key[4]}"
+
+
+def host_types(committed: pd.DataFrame, rerun: pd.DataFrame) -> str:
+    """'committed on AuthenticAMD 25/17 AVX512, rerun on GenuineIntel 6/167 AVX512' (every distinct host type)."""
+    def names(df):
+        return " + ".join(sorted({_short_host(r) for r in df.to_dict("records")}))
+    return f"committed on {names(committed)}, rerun on {names(rerun)}"
 
 
 def _print_tables(table: pd.DataFrame, verdicts: pd.DataFrame | None, full: bool) -> None:
@@ -412,7 +528,8 @@ def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, bud
     code = None
     try:
         t0 = time.monotonic()
-        sample = plan_sample(repo, work, tables, budget_s, extra_config)
+        runs_of = claim_runs(repo, tables)
+        sample = plan_sample(repo, work, tables, budget_s, extra_config, runs_of)
         committed = pd.concat([df[df["run_id"].isin(sample)] for df in tables.values()], ignore_index=True)
         print(f"check-reference: {len(sample)} committed cpu runs (of {sum(len(t) for t in tables.values())}), "
               f"chosen by the fixed rule in gradfidelity/reference/check.py; their own committed wall time "
@@ -420,9 +537,13 @@ def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, bud
         for run in sample:
             print(f"  {run}", flush=True)
         rerun = rerun_sample(work, sample, cores, extra_config)
-        table = compare(committed, rerun, rules, force_cross_host=cross_host)
+        seeds = pd.concat(list(tables.values()), ignore_index=True)
+        table = compare(committed, rerun, rules, force_cross_host=cross_host, seeds=seeds)
         verdicts, not_recomputed = (recompute_all(repo, work, tables, sample, cores, extra_config)
                                     if recompute_verdicts else (None, {}))
+        if verdicts is not None:
+            per_claim = sampled_runs_per_claim(runs_of, sample)
+            verdicts = verdicts.assign(sampled_runs=[per_claim.get(c, 0) for c in verdicts["id"]])
         for study, why in not_recomputed.items():
             print(f"check-reference: {study}'s verdicts are not recomputed: {why}", flush=True)
         if out is not None:
@@ -432,7 +553,8 @@ def check_reference(repo: Path, workdir: Path | None = None, cores: int = 2, bud
         _print_tables(table, verdicts, full=out is None)
         print(f"{hosts_line(committed, rerun)}. Cross-host rules from {DRIFT_DIR}/drift_*.csv; "
               f"{time.monotonic() - t0:.0f} s" + (f"; full table: {out}" if out is not None else ""))
-        print(f"check-reference: {summary_line(table, verdicts, not_recomputed)}")
+        line = summary_line(table, verdicts, not_recomputed, host_types(committed, rerun), coverage(runs_of, sample))
+        print(f"check-reference: {line}")
         code = exit_code(table, verdicts)
         if code:
             print(f"the scratch copy is kept for inspection: {work}")

@@ -172,6 +172,13 @@ def study_runs(cfg: StudyConfig, root: str, checkpoints, planned: list[str]):
     return _input
 
 
+# Metrics that are chaotic across host types (reference/seeds.py): every one. Measured, not assumed: the same runs
+# rerun at AVX2 and AVX-512 on one host moved accuracies 9-61% and NLLs 4-14%
+# (results/cpu/reference/drift_avx2_vs_avx512.csv), and on an Intel host against the AMD-made records 35 of 67 metrics
+# moved beyond any cross-host rule (drift_hosts_amd_vs_intel.csv): small models on sampled generations leave their
+# trajectory at the first rounding difference, so a rerun elsewhere is one more seed, judged as one.
+CHAOTIC_ACROSS_HOSTS = ("*",)
+
 # Files other studies' rules read (workflow/rules/common.smk: cross_study_input): name -> f(typed config, results root).
 # Study A's audit reads the gradient Gram matrices of real SFT micro-batches (its claim A3's "about 2/N").
 EXPORTS = {
