@@ -62,6 +62,9 @@ def _main_methods(cfg: StudyConfig) -> tuple[str, ...]:
     return tuple(m for m in MAIN if m in cfg.methods)
 
 
+GROUPS = ("main", "side", "power", "mechanism")  # every job group a plan can have: rule local_<group> each
+
+
 def groups(cfg: StudyConfig) -> dict[str, Group]:
     """The job groups that have methods and cells, in plan order; refuses groups whose outputs would overlap."""
     main_methods = _main_methods(cfg)

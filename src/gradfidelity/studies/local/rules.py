@@ -91,3 +91,8 @@ def group_record(plan_module, results: str, group) -> str:
 EXPORTS = {
     "python_docs": lambda cfg, results: f"{results}/local/corpus/python-docs-3.11.txt",
 }
+
+
+# Rules a plan of this study can create (workflow/rules/common.smk: check_cluster_resources). A job group with no
+# cells has no rule (a trimmed config: two methods, one width), yet config/<scale>/resources.yaml keeps its entry.
+POSSIBLE_RULES = tuple(f"local_{g}" for g in plan.GROUPS)
