@@ -196,15 +196,16 @@ def is_committed(path):
     return Path(REPO, path).is_file() and (COMMITTED is None or str(path) in COMMITTED)
 
 
-def _standing(value):
+def _standing(value, wildcards):
     """A committed record's inputs: each one there marked ancient(), each one missing left out (a replay, a model,
-    prepared data: what a committed run does not need again)."""
+    prepared data: what a committed run does not need again). A path may still hold the job's wildcards."""
     if isinstance(value, dict):
-        kept = {k: _standing(v) for k, v in value.items()}
+        kept = {k: _standing(v, wildcards) for k, v in value.items()}
         return {k: v for k, v in kept.items() if v not in (None, [])}
     if isinstance(value, (list, tuple)):
-        return [v for v in (_standing(x) for x in value) if v not in (None, [])]
-    return ancient(value) if Path(REPO, value).exists() else None
+        return [v for v in (_standing(x, wildcards) for x in value) if v not in (None, [])]
+    path = apply_wildcards(str(value), wildcards)
+    return ancient(path) if Path(REPO, path).exists() else None
 
 
 def is_forced(rule, path):
@@ -233,7 +234,7 @@ def unless_committed(rule, record, inputs):
         path = apply_wildcards(record, wildcards)
         if not is_committed(path) or is_forced(rule, path):
             return value
-        standing = _standing(value)
+        standing = _standing(value, wildcards)
         return [] if standing is None else standing
 
     return _inputs
