@@ -66,7 +66,7 @@ def test_the_level_is_bonferroni_over_the_checks_chaotic_comparisons():
     rerun = _rows([40.0], host=INTEL).assign(metric_acc_macro=40.0)
     table = compare(seeds.iloc[[0]], rerun, {}, seeds=seeds)
     rules = table.loc[table["metric"].isin(["acc_id", "acc_macro"]), "rule"]
-    assert all(f"{100 * (1 - FAMILY_ALPHA / 2):.3g}% PI" in r for r in rules)
+    assert all(f"{100 * (1 - FAMILY_ALPHA / 2):.5g}% PI" in r for r in rules)
 
 
 def test_a_record_mismatch_on_the_same_host_type_still_fails():

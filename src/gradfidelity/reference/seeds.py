@@ -79,4 +79,4 @@ def judge(committed_value, rerun_value, values: list[float], alpha: float) -> tu
         return f"{ONE_MORE_SEED}: every seed equal (n={n})", "ok" if float(rerun_value) == values[0] else "MISMATCH"
     low, high = prediction_interval(values, alpha)
     verdict = "ok" if low <= float(rerun_value) <= high else "MISMATCH"
-    return f"{ONE_MORE_SEED}: {100 * (1 - alpha):.3g}% PI [{low:.4g}, {high:.4g}] (n={n})", verdict
+    return f"{ONE_MORE_SEED}: {100 * (1 - alpha):.5g}% PI [{low:.4g}, {high:.4g}] (n={n})", verdict
