@@ -83,7 +83,8 @@ def test_a_claim_none_of_whose_runs_was_rerun_reads_not_in_the_drift_sample():
         {"id": "A7", "committed": "not measured at this scale", "rerun": "not measured at this scale",
          "unchanged": True, "sampled_runs": 2}]))
     assert flags["A5"] == f"{NOT_SAMPLED}: none of the runs it reads was rerun (drift_avx2_vs_avx512.csv)"
-    assert flags["A7"] == "unchanged under rerun at AVX2 (drift_avx2_vs_avx512.csv); value identical (2 of its runs rerun)"
+    assert flags["A7"] == ("unchanged under rerun at AVX2 (drift_avx2_vs_avx512.csv); value identical (2 of its runs "
+                           "rerun)")
     # even a flip would not be read from a claim whose runs were not rerun: it cannot have moved
     flags = drift_flags(_verdicts([{"id": "A5", "committed": "reproduced", "rerun": "inconclusive",
                                     "unchanged": False, "sampled_runs": 0}]))

@@ -47,7 +47,8 @@ def test_rl_inputs_read_the_given_selection(monkeypatch):
 
     import gradfidelity.studies.sft_rl.rules as sft_rl_rules
 
-    monkeypatch.setattr(sft_rl_rules, "rl_init", lambda cfg, root, committed=None: (lambda wildcards: "init/metrics.json"))
+    monkeypatch.setattr(sft_rl_rules, "rl_init",
+                        lambda cfg, root, committed=None: (lambda wildcards: "init/metrics.json"))
     cfg = SimpleNamespace(lr_selection=SimpleNamespace(enabled=True))
     given = sft_rl_rules.rl_inputs(cfg, "results/cpu/sft_rl", "/elsewhere/sft_rl/lr_selection.json")
     default = sft_rl_rules.rl_inputs(cfg, "results/cpu/sft_rl")

@@ -60,9 +60,7 @@ def test_a_chaotic_rerun_inside_its_arms_interval_passes_and_one_outside_fails()
 
 
 def test_the_level_is_bonferroni_over_the_checks_chaotic_comparisons():
-    seeds = pd.concat([_rows(SEEDS), _rows(SEEDS, metric="acc_macro")[["run_id", "metric_acc_macro"]]
-                       .set_index("run_id")], axis=0)
-    seeds = _rows(SEEDS).assign(metric_acc_macro=SEEDS)
+    seeds = _rows(SEEDS).assign(metric_acc_macro=SEEDS)  # two chaotic metrics: m = 2
     rerun = _rows([40.0], host=INTEL).assign(metric_acc_macro=40.0)
     table = compare(seeds.iloc[[0]], rerun, {}, seeds=seeds)
     rules = table.loc[table["metric"].isin(["acc_id", "acc_macro"]), "rule"]
@@ -118,7 +116,7 @@ def test_every_claim_of_a_chaotic_study_gets_a_run_from_two_of_its_arms():
     root = f"results/cpu/{study}/m"
     runs = [f"{root}/fixed/sft/seed0", f"{root}/ds_bug/sft/seed0", f"{root}/fixed/relift/seed0", f"{root}/base/seed0"]
     tables = {study: pd.DataFrame([{"run_id": r, "seed": 0, "status": "ok", "wall_s": w}
-                                   for r, w in zip(runs, [70, 236, 156, 119])])}
+                                   for r, w in zip(runs, [70, 236, 156, 119], strict=True)])}
     jobs = [Job("train", [f"{r}/metrics.json"]) for r in runs]
     claims = {study: {"A5": [f"{root}/fixed/sft/seed0", f"{root}/fixed/sft/seed1", f"{root}/ds_bug/sft/seed0"],
                       "A7": [f"{root}/fixed/relift/seed0"], "A9": []}}
