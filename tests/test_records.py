@@ -102,3 +102,31 @@ def test_parts_split_by_whole_seeds():
     assert split(["results/cpu/sft_rl/m/base/seed0/metrics.json", "results/cpu/x/lr~x1/metrics.json"], 1, 1)
     with pytest.raises(UserError):
         split(paths, 3, 2)
+
+
+def test_check_rebuild_forces_analysis_jobs_only_and_leaves_out_studies_without_records(monkeypatch, tmp_path):
+    import subprocess
+
+    import gradfidelity.rebuild as rebuild
+
+    dry = """rule async_pp_train:
+    output: results/cpu/async_pp/c/seed0/metrics.json
+rule async_pp_aggregate:
+    input: results/cpu/async_pp/c/seed0/metrics.json
+    output: results/cpu/async_pp/runs.csv, results/cpu/async_pp/curves.csv
+rule async_pp_bench:
+    output: results/cpu/bench/async_pp.json
+rule local_data:
+    output: results/cpu/local/data/enwik8/train.bin
+rule local_aggregate:
+    output: results/cpu/local/aggregate.csv
+rule runs_table:
+    output: results/cpu/runs/local.csv
+rule verify:
+    output: paper_tables/cpu/claims.csv
+"""
+    monkeypatch.setattr(rebuild, "snakemake",
+                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=dry, stderr=""))
+    assert rebuild.forced_outputs(tmp_path, "cpu", {"local"}) == ["paper_tables/cpu/claims.csv",
+                                                                  "results/cpu/async_pp/runs.csv"]
+    assert rebuild.is_record_or_data("results/cpu/sft_rl/m/base/seed0/replay/metrics.json", "cpu")
