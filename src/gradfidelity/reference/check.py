@@ -96,8 +96,8 @@ def _sha(run_id: str) -> str:
 
 def claim_runs(repo: Path, tables: dict[str, pd.DataFrame]) -> dict[str, dict[str, list[str]]]:
     """study -> claim -> the committed runs the claim's value reads: its evidence's `sources` that are runs of a
-    sampled study's table, in the order the evidence lists them, without the arms every claim of the study reads
-    (study A's base model: a gate of each claim, not what a claim compares)."""
+    sampled study's table, in the order the evidence lists them. An arm of one run beside arms of several seeds is
+    left out: a value paired over seeds cannot read it, so it is a gate or a start (study A's base model)."""
     from gradfidelity.harness.io import read_json
 
     known = {r for df in tables.values() for r in df["run_id"]}
@@ -105,11 +105,16 @@ def claim_runs(repo: Path, tables: dict[str, pd.DataFrame]) -> dict[str, dict[st
     for study in tables:
         path = Path(repo) / "results" / SCALE / "claims" / f"{study}.json"
         values = read_json(path).get("values", {}) if path.is_file() else {}
-        claims = {cid: [s for s in (v.get("sources") or []) if s in known] for cid, v in values.items()}
-        read = [set(map(arm_of, runs)) for runs in claims.values() if runs]
-        shared = set.intersection(*read) if len(read) > 1 else set()
-        out[study] = {cid: [r for r in runs if arm_of(r) not in shared] for cid, runs in claims.items()}
+        out[study] = {cid: _paired_runs([s for s in (v.get("sources") or []) if s in known])
+                      for cid, v in values.items()}
     return out
+
+
+def _paired_runs(runs: list[str]) -> list[str]:
+    counts = pd.Series([arm_of(r) for r in runs], dtype=object).value_counts()
+    if counts.empty or counts.max() == 1:
+        return runs
+    return [r for r in runs if counts[arm_of(r)] > 1]
 
 
 def coverage(runs_of: dict[str, dict[str, list[str]]], sample: list[str]) -> dict[str, tuple[int, int]]:
