@@ -3,7 +3,7 @@
 Why: a study's cpu run used to be a monolith. Its aggregates read run directories that were not committed, so one
 more seed, budget rung or longer arm meant rerunning the whole study, and a run that did not fit in one session never
 ran. With each run's records committed, a fresh checkout plans no training job, a new cell is planned alone, and a
-study can be run in parts (CONTRIBUTING.md, "Extending a committed cpu run").
+study can be run in parts (CONTRIBUTING.md, "Committing a study's cpu results").
 
 The records of a run are `RECORDS`: metrics.json (what it measured), provenance.json (what made it) and
 benchmark.tsv (Snakemake's job benchmark). Checkpoints, models and logs are never committed.
@@ -14,7 +14,8 @@ benchmark.tsv (Snakemake's job benchmark). Checkpoints, models and logs are neve
   measured: the original was not kept). The runs table rebuilt from them equals the committed one.
 - `check`: an upstream run rerun to regenerate an artifact that is not committed (a base or SFT model) against its
   committed record, before any downstream job trains on it.
-- `status`: which planned records of a study are present, for a run done in parts.
+
+A study run in parts (parts.py) reads which planned runs have no record yet from Snakemake's own dry run.
 """
 
 from __future__ import annotations
@@ -23,17 +24,15 @@ import json
 import math
 from pathlib import Path
 
-import pandas as pd
-
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json, atomic_write_text
 from gradfidelity.harness.provenance import IDENTITY_KEYS, describe_host, same_host_type
+from gradfidelity.harness.results import VERSIONS
 
 RECORDS = ("metrics.json", "provenance.json", "benchmark.tsv")
 # Snakemake's benchmark columns (snakemake.benchmark.BenchmarkRecord.get_header), "-" where not measured
 BENCHMARK_HEADER = ("s", "h:m:s", "max_rss", "max_vms", "max_uss", "max_pss", "io_in", "io_out", "mean_load",
                     "cpu_time")
-_VERSIONS = ("torch", "deepspeed", "trl", "transformers", "pytorch-optimizer", "numpy", "scipy")
 
 
 def _value(v):
@@ -67,7 +66,7 @@ def provenance_from_row(row: dict, table: str) -> dict:
                     "OMP_NUM_THREADS": _value(row.get("omp_num_threads"))},
         "resumed_from_step": _value(row.get("resumed_from_step")),
         "checkpoints_discarded": [{"restored": "the runs table kept only their number"}] * discarded,
-        "packages": {k: _value(row.get(f"version_{k}")) for k in _VERSIONS},
+        "packages": {k: _value(row.get(f"version_{k}")) for k in VERSIONS},
         "restored_from": table,
     }
 
@@ -130,22 +129,3 @@ def check(committed: str | Path, fresh: str | Path, drift_repo: str | Path = "."
                "CONTRIBUTING.md), not one cell on top of records from another host")
     raise UserError(f"the rerun record {fresh} differs from the committed record {committed} ({hosts}): {lines}"
                     f"{' ...' if len(bad) > 6 else ''}. No downstream job trains on it. Way out: {way_out}")
-
-
-def status(planned: list[str]) -> tuple[list[str], list[str]]:
-    """(present, missing) among a study's planned records (metrics.json paths)."""
-    present = [p for p in planned if Path(p).is_file()]
-    return present, [p for p in planned if not Path(p).is_file()]
-
-
-def missing_message(study: str, missing: list[str], planned: int) -> str:
-    shown = "\n  ".join(missing[:20])
-    more = f"\n  ... and {len(missing) - 20} more" if len(missing) > 20 else ""
-    return (f"{study}: {len(missing)} of {planned} planned runs have no record yet, so its aggregate would read fewer "
-            f"runs than the config plans:\n  {shown}{more}\nRun the missing parts first (CONTRIBUTING.md, "
-            "'A cpu run in parts').")
-
-
-def frame_of(paths: list[str]) -> pd.DataFrame:
-    """A small table of planned records for a person: path and whether it is there."""
-    return pd.DataFrame({"record": paths, "present": [Path(p).is_file() for p in paths]})

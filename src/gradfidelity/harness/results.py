@@ -100,7 +100,7 @@ def _git_dirty(prov: dict) -> tuple[bool | None, list[str], list[str]]:
     return bool(code), code, outputs
 
 
-_VERSIONS = ("torch", "deepspeed", "trl", "transformers", "pytorch-optimizer", "numpy", "scipy")
+VERSIONS = ("torch", "deepspeed", "trl", "transformers", "pytorch-optimizer", "numpy", "scipy")
 
 
 def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.DataFrame:
@@ -133,7 +133,7 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
                "wall_s": (record.get("timing") or {}).get("wall_s"),
                "resumed_from_step": prov.get("resumed_from_step"),
                "checkpoints_discarded": len(prov.get("checkpoints_discarded") or [])}
-        row.update({f"version_{k}": (prov.get("packages") or {}).get(k) for k in _VERSIONS})
+        row.update({f"version_{k}": (prov.get("packages") or {}).get(k) for k in VERSIONS})
         row.update({f"metric_{k}": v for k, v in metrics.items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
         if record["status"] == "diverged":
