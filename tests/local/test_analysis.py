@@ -100,16 +100,20 @@ def _t_ci(x, level):
 # Per claim: the arms it reads, with per-seed values where it holds and where it is false. 4 seeds each.
 BP_TPS = [100.0, 110.0, 90.0, 105.0]
 E, T, MC = "enwik8", "tinystories", "enwik8"
+# the zero-gap control (BP thread-matched and BP), equivalent within +-0.005 on C9's five seeds
+NULL_C9 = {(MC, 64, "bp"): {"bpb": [2.0, 2.1, 1.95, 2.0, 2.02]},
+           (MC, 64, "bp_tm"): {"bpb": [2.0002, 2.0999, 1.9501, 2.0, 2.0202]}}
 CASES = {
     "C1": ({(E, 64, "rgc_async"): {"tps": [130.0, 150.0, 120.0, 138.0]}, (E, 64, "bp"): {"tps": BP_TPS}},
            {(E, 64, "rgc_async"): {"tps": [70.0, 80.0, 60.0, 75.0]}, (E, 64, "bp"): {"tps": BP_TPS}}),
     "C2": ({(E, 64, "broadcast_async"): {"tps": [130.0, 150.0, 120.0, 138.0]}, (E, 64, "bp"): {"tps": BP_TPS}},
            {(E, 64, "broadcast_async"): {"tps": [70.0, 80.0, 60.0, 75.0]}, (E, 64, "bp"): {"tps": BP_TPS}}),
-    # gap ~ +2.5% (upper bound > 1%) vs ~ -0.5% (upper bound < 1%)
+    # gap ~ +2.5% (upper bound > 1%) vs ~ -0.5% (upper bound < 1%); the zero-gap control passes the same test on
+    # the same seeds in both (the null_control gate: else the claim is not measured, test_c4_..._null_control)
     "C4": ({(E, 64, "broadcast_async"): {"bpb": [2.05, 2.15, 2.0, 2.06]},
-            (E, 64, "bp"): {"bpb": [2.0, 2.1, 1.95, 2.0]}},
+            (E, 64, "bp"): {"bpb": [2.0, 2.1, 1.95, 2.0]}, (E, 64, "bp_tm"): {"bpb": [2.001, 2.099, 1.951, 2.0]}},
            {(E, 64, "broadcast_async"): {"bpb": [1.99, 2.09, 1.94, 1.99]},
-            (E, 64, "bp"): {"bpb": [2.0, 2.1, 1.95, 2.0]}}),
+            (E, 64, "bp"): {"bpb": [2.0, 2.1, 1.95, 2.0]}, (E, 64, "bp_tm"): {"bpb": [2.001, 2.099, 1.951, 2.0]}}),
     # gap ~ +5% vs ~ 0%
     "C6": ({(T, 64, "broadcast_async"): {"bpb": [2.1, 2.2, 2.05, 2.11]}, (T, 64, "bp"): {"bpb": [2.0, 2.1, 1.95, 2.0]}},
            {(T, 64, "broadcast_async"): {"bpb": [2.0, 2.11, 1.95, 1.99]},
@@ -126,9 +130,10 @@ CASES = {
             (MC, 64, "rgc_serial"): {"bpb": [2.0, 2.1, 1.95, 2.01]}}),
     # RGC serial - Live Local ~ 0.05 bpb (CI far outside +-0.005) vs ~ 0.0001 +- 0.0001; 5 seeds (the paper's n,
     # the registry's min_n)
-    "C9": ({(MC, 64, "rgc_serial"): {"bpb": [2.05, 2.16, 2.01, 2.052, 2.07]},
+    # (the zero-gap control equivalent on the same seeds in both: the null_control gate)
+    "C9": ({**NULL_C9, (MC, 64, "rgc_serial"): {"bpb": [2.05, 2.16, 2.01, 2.052, 2.07]},
             (MC, 64, "live_local"): {"bpb": [2.0, 2.1, 1.95, 2.0, 2.02]}},
-           {(MC, 64, "rgc_serial"): {"bpb": [2.0001, 2.1002, 1.9500, 2.0001, 2.0201]},
+           {**NULL_C9, (MC, 64, "rgc_serial"): {"bpb": [2.0001, 2.1002, 1.9500, 2.0001, 2.0201]},
             (MC, 64, "live_local"): {"bpb": [2.0, 2.1, 1.95, 2.0, 2.02]}}),
     # BP / best BP ~ 0.56 (thread-matched BP faster: the speed-up shrinks). Where the thread-matched BP is slower
     # (the second case) the confound cannot exist: not measured (test_c10_not_measured_where_bp_does_not_scale).
@@ -390,7 +395,7 @@ def test_control_and_fail_rate_beside_c4(tmp_path):
     upper = gaps.mean() + stats.t.ppf(0.95, 4) * gaps.std(ddof=1) / math.sqrt(5)
     assert f"upper bound {upper:.4g}%" in ev["C4"]["detail"] and "zero-gap control" in ev["C4"]["detail"]
     assert "non-inferior: True)" in ev["C4"]["detail"]
-    assert "zero-gap control (BP thread-matched - BP, n 5)" in ev["C9"]["detail"]
+    assert "zero-gap control (BP thread-matched - BP), n 5 on the same seeds" in ev["C9"]["detail"]
 
 
 def _pooled_arms(async_bcast, async_rgc):
@@ -419,4 +424,110 @@ def test_a_seed_without_one_arm_is_named_with_the_arm(tmp_path):
     ev = _evidence(tmp_path, {(E, 64, "rgc_async"): {"tps": [130.0, 150.0, 120.0]},
                               (E, 64, "bp"): {"tps": [100.0, 110.0, 90.0, 105.0, 95.0]}})
     assert ev["C1"]["n"] == 3
-    assert "not paired: RGC (async) (enwik8, w64) has no run on seed(s) [3, 4]" in ev["C1"]["detail"]
+    assert "not paired: RGC (async) (enwik8, w64): no run on seed(s) [3, 4]" in ev["C1"]["detail"]
+
+
+def test_c4_failing_where_the_null_control_fails_too_is_not_measured(tmp_path):
+    """The control rule (registry, round 5): Broadcast fails the margin (gap ~ +2.5%), but so does the zero-gap
+    control on the same four seeds (per-seed gaps of -3%..+4%): a failure the test gives where nothing differs
+    decides nothing. Not measured, the gate naming the control's upper bound."""
+    arms = {**CASES["C4"][0], (E, 64, "bp_tm"): {"bpb": [1.94, 2.18, 2.02, 1.96]}}
+    rec = _evidence(tmp_path, arms)["C4"]
+    gaps = 100 * (np.array([1.94, 2.18, 2.02, 1.96]) - [2.0, 2.1, 1.95, 2.0]) / np.array([2.0, 2.1, 1.95, 2.0])
+    upper = gaps.mean() + stats.t.ppf(0.95, 3) * gaps.std(ddof=1) / 2
+    assert upper > 1.0 and rec["estimate"] > 1.0
+    gate = rec["gates"][0]
+    assert gate["name"] == "null_control" and not gate["passed"]
+    assert "cannot pass on a null control" in gate["reason"] and f"{upper:.4g}%" in gate["reason"]
+    verdict, why = judge(ROWS["C4"], rec, True, SCALE)
+    assert verdict == NOT_MEASURED and "null_control" in why
+
+
+def test_c4_without_the_control_on_its_seeds_is_not_measured(tmp_path):
+    """The control ran on seeds 0-1 only: the test was not shown to pass on a null comparison at C4's n."""
+    arms = {**CASES["C4"][0], (E, 64, "bp_tm"): {"bpb": [2.001, 2.099]}}
+    rec = _evidence(tmp_path, arms)["C4"]
+    assert not rec["gates"][0]["passed"] and "seed(s) [2, 3]" in rec["gates"][0]["reason"]
+    assert _verdict("C4", rec) == NOT_MEASURED
+
+
+def test_c9_missing_equivalence_where_the_null_control_misses_it_too_is_not_measured(tmp_path):
+    """Round 4's C9: the zero-gap control was itself not equivalent at n = 5 (90% CI -0.0042 to +0.0139), so a
+    missed equivalence of RGC is what a null comparison also gives: not measured under the control rule."""
+    arms = {**CASES["C9"][0], (MC, 64, "bp_tm"): {"bpb": [2.004, 2.112, 1.946, 2.011, 2.03]}}
+    rec = _evidence(tmp_path, arms)["C9"]
+    d = np.array([2.004, 2.112, 1.946, 2.011, 2.03]) - [2.0, 2.1, 1.95, 2.0, 2.02]
+    lo, hi = _t_ci(d, 0.90)
+    assert max(abs(lo), abs(hi)) > 0.005  # the control misses equivalence: the gate fails
+    assert not rec["gates"][0]["passed"] and "cannot pass on a null control" in rec["gates"][0]["reason"]
+    assert _verdict("C9", rec) == NOT_MEASURED
+
+
+def test_c4_reads_serial_broadcast_on_the_quality_seeds(tmp_path):
+    """Async Broadcast on seeds 0-2, serial Broadcast on seeds 0-5, equal where both ran: C4 reads six seeds (the
+    quality cells' serial runs are the same computation). One serial value off by 1e-12 on a shared seed: the
+    serial runs are not the same computation, and C4 reads the async seeds alone."""
+    bp = [2.0, 2.1, 1.95, 2.0, 2.02, 2.05]
+    serial = [2.05, 2.15, 2.0, 2.06, 2.03, 2.1]
+    arms = {(E, 64, "bp"): {"bpb": bp}, (E, 64, "broadcast_serial"): {"bpb": serial},
+            (E, 64, "broadcast_async"): {"bpb": serial[:3]},
+            (E, 64, "bp_tm"): {"bpb": [2.001, 2.099, 1.951, 2.0, 2.021, 2.049]}}
+    rec = _evidence(tmp_path / "same", arms)["C4"]
+    g = 100 * (np.array(serial) - bp) / np.array(bp)
+    assert rec["n"] == 6 and math.isclose(rec["estimate"], g.mean() + stats.t.ppf(0.95, 5) * g.std(ddof=1)
+                                          / math.sqrt(6), rel_tol=1e-9)
+    assert "serial on 3" in rec["detail"] and "bit-identical on the 3 seed(s)" in rec["detail"]
+    arms[(E, 64, "broadcast_serial")] = {"bpb": [2.05, 2.15 + 1e-12, 2.0, 2.06, 2.03, 2.1]}
+    rec = _evidence(tmp_path / "off", arms)["C4"]
+    assert rec["n"] == 3 and "differ on seed(s) [1]" in rec["detail"]
+
+
+def test_c4_detail_states_power_effect_and_the_controls_measured_fail_rate(tmp_path):
+    """C4's detail: the mean gap beside the paper's 0.841%, the power at this n (noncentral t, checked by
+    simulation here), and the control's measured fail rate at the paper's n = 5 over disjoint blocks of its seeds
+    (ten seeds: two blocks, each tested here with scipy)."""
+    rng = np.random.default_rng(0)
+    bp = 2.0 + rng.normal(0, 0.05, 10)
+    bcast = bp * (1 + rng.normal(0.006, 0.013, 10))
+    tm = bp * (1 + rng.normal(0.0, 0.011, 10))
+    arms = {(E, 64, "bp"): {"bpb": list(bp)}, (E, 64, "broadcast_async"): {"bpb": list(bcast)},
+            (E, 64, "bp_tm"): {"bpb": list(tm)}}
+    rec = _evidence(tmp_path, arms)["C4"]
+    assert "(paper 0.841%)" in rec["detail"]
+    gaps = 100 * (tm - bp) / bp
+    fails = 0
+    for block in (gaps[:5], gaps[5:]):
+        fails += block.mean() + stats.t.ppf(0.95, 4) * block.std(ddof=1) / math.sqrt(5) >= 1.0
+    assert f"measured {fails} of 2 disjoint blocks of 5 seeds fail" in rec["detail"]
+    assert "power at n 10 (the test passes):" in rec["detail"]
+
+
+def test_pass_rate_is_the_tests_power_by_simulation():
+    """pass_rate against a simulation of the margin test itself (normal per-seed gaps), and at gap 0 against
+    fail_rate_at_zero_gap (its complement)."""
+    from gradfidelity.studies.local.stats import fail_rate_at_zero_gap, pass_rate
+
+    rng = np.random.default_rng(1)
+    for gap, sd, n in ((0.0, 1.3, 11), (0.6, 1.3, 40), (0.841, 1.0, 20)):
+        x = rng.normal(gap, sd, (40_000, n))
+        upper = x.mean(1) + stats.t.ppf(0.95, n - 1) * x.std(1, ddof=1) / math.sqrt(n)
+        assert abs(pass_rate(gap, sd, n, 1.0) - (upper < 1.0).mean()) < 0.01
+    assert math.isclose(pass_rate(0.0, 1.3, 11, 1.0), 1 - fail_rate_at_zero_gap(1.3, 11, 1.0), rel_tol=1e-9)
+
+
+def test_runs_beside_another_job_give_no_rate(tmp_path, monkeypatch):
+    """A quality job shares the machine: aggregate keeps its bits per byte and leaves its rates empty, and a
+    throughput claim pairs only timed runs, naming the untimed ones."""
+    paths = _runs(tmp_path, {(E, 64, "broadcast_async"): {"tps": [130.0, 150.0, 120.0]},
+                             (E, 64, "bp"): {"tps": [100.0, 110.0, 90.0]}})
+    shared = _run(tmp_path, E, 64, "bp", 3, tps=500.0)
+    rec = json.loads(open(shared).read())
+    rec["timing"]["shares_machine"] = True
+    open(shared, "w").write(json.dumps(rec))
+    shared_b = _run(tmp_path, E, 64, "broadcast_async", 3, tps=900.0)
+    df = aggregate([*paths, shared, shared_b], scale=SCALE)
+    row = df[(df.method == "bp") & (df.seed == 3)].iloc[0]
+    assert row.shares_machine and pd.isna(row.tokens_per_s) and row.val_bpb == 2.0
+    ev = claims(df, S, SCALE)["values"]
+    assert ev["C2"]["n"] == 3 and "BP (enwik8, w64): ran beside another job (no tokens_per_s) on seed(s) [3]" in \
+        ev["C2"]["detail"]

@@ -35,6 +35,11 @@ def test_every_scale_loads(scale):
     ({"widths": [18], "main_width": 18, "train": {"n_layer": 2, "n_stages": 2, "n_head": 4}}, "local.widths: 18"),
     ({"methods": ["rgc_async"]}, "local.methods"),
     ({"corpora": {"enwik8": {"source": "file"}}}, "local.corpora.enwik8.path"),
+    ({"corpora": {"python_docs": {"source": "embedded"}}}, "local.corpora.python_docs.source"),
+    ({"seeds": 5, "power_seeds": 11, "quality_seeds": 11}, "local.quality_seeds=11"),
+    ({"seeds": 5, "control_seeds": 3}, "local.control_seeds=3"),
+    ({"main_corpus": "tinystories"}, "local.main_corpus='tinystories'"),
+    ({"quality_methods": ["rgc_serial"], "methods": ["bp", "broadcast_serial"]}, "local.quality_methods"),
 ])
 def test_cross_field_checks_name_the_key(top, key):
     with pytest.raises(UserError, match=key.replace(".", r"\.")):
@@ -45,28 +50,36 @@ def test_smoke_plan():
     cfg = config.load(yaml.safe_load((REPO / "config" / "smoke" / "local.yaml").read_text()))
     runs = plan.runs(cfg, "results/smoke")
     # main: enwik8 and tinystories at 64, 2 seeds, 4 methods; side: enwik8 at 32, 2 seeds, 4 methods; power: seed 2
-    # at 64 on both corpora, BP and async Broadcast; mechanism: 3 methods x 2 seeds
-    assert len(runs) == 2 * 2 * 4 + 2 * 4 + 2 * 2 + 2 * 3 and len(set(runs)) == len(runs)
+    # at 64 on both corpora, BP and async Broadcast; mechanism: 3 methods x 2 seeds; quality: seed 3 on the main
+    # corpus, BP and serial Broadcast; control: thread-matched BP on seeds 2 and 3
+    assert len(runs) == 2 * 2 * 4 + 2 * 4 + 2 * 2 + 2 * 3 + 2 + 2 and len(set(runs)) == len(runs)
     assert runs[0] == "results/smoke/local/enwik8/w64/bp/seed0/metrics.json"
-    assert runs[-1] == "results/smoke/local/enwik8/w64/rgc_serial/seed1/metrics.json"
+    assert runs[-1] == "results/smoke/local/enwik8/w64/bp_tm/seed3/metrics.json"
     gs = plan.groups(cfg)
     main = ("bp", "bp_tm", "broadcast_async", "rgc_async")
     assert {k: g.methods for k, g in gs.items()} == {
         "main": main, "side": main, "power": ("bp", "broadcast_async"),
-        "mechanism": ("live_local", "broadcast_serial", "rgc_serial")}
+        "mechanism": ("live_local", "broadcast_serial", "rgc_serial"), "quality": ("bp", "broadcast_serial"),
+        "control": ("bp_tm",)}
+    assert gs["quality"].cells == (("enwik8", 64, 3),) and gs["control"].values("seed") == [2, 3]
+    assert [g.name for g in gs.values() if g.shares_machine] == ["quality"]
     assert plan.memory_runs(cfg, "results/smoke") == ["results/smoke/local/memory/w64/seed0/metrics.json"]
 
 
 def test_cpu_plan_sizes_each_cell_by_its_claims():
-    """The cpu plan of the README: C4 at 11 seeds (BP and Broadcast), C7 at 5 side seeds, C9 at 5."""
+    """The cpu plan of the README: C4 at 40 seeds (BP and Broadcast: async on 0-10, serial on 11-39) with the
+    zero-gap control on every one of them, C7 at 5 side seeds, C9 at 5; all on the Python-docs text."""
     cfg = config.load(yaml.safe_load((REPO / "config" / "cpu" / "local.yaml").read_text()))
     gs = plan.groups(cfg)
     count = {k: (len(g.cells), g.methods) for k, g in gs.items()}
     assert count == {"main": (5, ("bp", "bp_tm", "broadcast_async", "rgc_async")),
                      "side": (5, ("bp", "broadcast_async")), "power": (6, ("bp", "broadcast_async")),
-                     "mechanism": (5, ("live_local", "broadcast_serial", "rgc_serial"))}
+                     "mechanism": (5, ("live_local", "broadcast_serial", "rgc_serial")),
+                     "quality": (29, ("bp", "broadcast_serial")), "control": (35, ("bp_tm",))}
     assert gs["power"].values("seed") == list(range(5, 11)) and gs["side"].values("width") == [32]
-    assert len(plan.runs(cfg, "results/cpu")) == 5 * 4 + 5 * 2 + 6 * 2 + 5 * 3
+    assert gs["quality"].values("seed") == list(range(11, 40)) and gs["control"].values("seed") == list(range(5, 40))
+    assert {c[0] for g in gs.values() for c in g.cells} == {"python_docs"} and cfg.main_corpus == "python_docs"
+    assert len(plan.runs(cfg, "results/cpu")) == 5 * 4 + 5 * 2 + 6 * 2 + 5 * 3 + 29 * 2 + 35
 
 
 def test_group_constraints_match_only_their_own_cells():
@@ -146,4 +159,8 @@ def test_threads_and_environment():
     cfg = study(train={"n_layer": 4, "n_stages": 4, "n_head": 2, "threads_per_stage": 3,
                        "omp_wait_policy": "PASSIVE"})
     assert rules.threads(cfg, 2) == 12 and rules.threads(cfg, 16) == 16
+    # a quality job takes one thread (two at a time) and says so in its command; every other group owns the machine
+    gs = plan.groups(study(seeds=1, quality_seeds=3, control_seeds=2))
+    assert rules.threads(cfg, 2, gs["quality"]) == 1 and rules.shares_flag(gs["quality"]) == " --shares-machine"
+    assert rules.threads(cfg, 2, gs["control"]) == 12 and rules.shares_flag(gs["control"]) == ""
     assert rules.omp_env(cfg) == "OMP_WAIT_POLICY=PASSIVE " and rules.omp_env(study()) == ""

@@ -96,28 +96,29 @@ for _group in LOCAL_PLAN.groups(LOCAL_CONFIG).values():
             env=LOCAL_RULES.omp_env(LOCAL_CONFIG),
             run_dir=LOCAL_RULES.run_dir(study_root("local")),
             cell=cell_json,
+            shares=LOCAL_RULES.shares_flag(_group),
         log:
             f"{RESULTS}/local/logs/{_group.name}_{{corpus}}_w{{width}}_seed{{seed}}.log",
         benchmark:
             f"{RESULTS}/local/{{corpus}}/w{{width}}/benchmark_{_group.name}_seed{{seed}}.tsv"
         conda:
             CONDA_ENV
-        threads: LOCAL_RULES.threads(LOCAL_CONFIG, THREADS)
+        threads: LOCAL_RULES.threads(LOCAL_CONFIG, THREADS, _group)
         resources:
             **rule_resources(f"local_{_group.name}"),
         shell:
-            "{params.env}{params.gf} local-cell --cfg {params.cfg} --methods {params.methods}"
+            "{params.env}{params.gf} local-cell --cfg {params.cfg} --methods {params.methods}{params.shares}"
             " --data $(dirname {input.train}) --run-dir {params.run_dir} --cell {params.cell} > {log} 2>&1"
 
 
 # C3's memory probe (memory.py): one job per probe seed, BP and async RGC each with its model and as its bare
-# process tree, on the main corpus's training split. It owns the machine like a training cell (a second job's
+# process tree, on the training split of `main_corpus`. It owns the machine like a training cell (a second job's
 # pages would not enter the tree's PSS, but its CPU would slow the probe's steps).
 rule local_memory:
     input:
         unpack(unless_committed("local_memory", f"{RESULTS}/local/memory/w{{width}}/seed{{seed}}/metrics.json", {
-            "train": f"{RESULTS}/local/data/enwik8/train.bin",
-            "meta": f"{RESULTS}/local/data/enwik8/meta.json"})),
+            "train": f"{RESULTS}/local/data/{LOCAL_CONFIG.main_corpus}/train.bin",
+            "meta": f"{RESULTS}/local/data/{LOCAL_CONFIG.main_corpus}/meta.json"})),
     output:
         f"{RESULTS}/local/memory/w{{width}}/seed{{seed}}/metrics.json",
     params:

@@ -114,6 +114,7 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
     for bit; a run recorded before provenance had them reads "unknown ISA" there. `metrics_json` is the run's
     metrics.json itself (cell, histories and timing included), so that the table alone can rebuild the run
     records an aggregation reads (check-reference recomputes claims from it; `records_from_runs_table`).
+    `tokens_per_s` (and `shares_machine`, for a job that ran beside another) where the study's runs time it.
     """
     rows = []
     for record in load_run_records(paths, scale):
@@ -133,6 +134,9 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
                "wall_s": (record.get("timing") or {}).get("wall_s"),
                "resumed_from_step": prov.get("resumed_from_step"),
                "checkpoints_discarded": len(prov.get("checkpoints_discarded") or [])}
+        timing = record.get("timing") or {}
+        # throughput, per run, where the study times it (a job that ran beside another says so: its rate is not read)
+        row.update({k: timing[k] for k in ("tokens_per_s", "shares_machine") if k in timing})
         row.update({f"version_{k}": (prov.get("packages") or {}).get(k) for k in VERSIONS})
         row.update({f"metric_{k}": v for k, v in metrics.items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)})

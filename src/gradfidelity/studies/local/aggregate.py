@@ -28,8 +28,11 @@ LABEL = {"bp": "BP", "bp_tm": "BP (thread-matched)", "live_local": "Live Local (
 _KEYS = ("path", "run_dir", "status", "seed", "scale", "corpus", "width", "method")
 _METRICS = ("val_bpb", "corpus_source", "n_params", "n_stages", "steps")
 _TIMING = ("tokens_per_s", "train_s", "peak_pss_gib", "idle_pss_gib", "compute_threads", "model_tflops_per_s")
+# A quality job runs beside another (plan.Group.shares_machine): its clock measured a shared machine, so its rates
+# are left empty here (its metrics.json keeps them) and no table or claim can pair them with a timed run.
+_RATES = ("tokens_per_s", "train_s", "model_tflops_per_s")
 _DIVERGED = ("diverged_at_step", "diverged_what")
-COLUMNS = (*_KEYS, *_METRICS, *_TIMING, "stage_busy_s", *_DIVERGED)
+COLUMNS = (*_KEYS, *_METRICS, *_TIMING, "shares_machine", "stage_busy_s", *_DIVERGED)
 
 
 def _cell(rec: dict) -> dict:
@@ -51,6 +54,9 @@ def aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame:
         if rec["status"] == "ok":
             row.update({k: m.get(k) for k in _METRICS})
             row.update({k: t.get(k) for k in _TIMING})
+            row["shares_machine"] = bool(t.get("shares_machine", False))
+            if row["shares_machine"]:
+                row.update({k: None for k in _RATES})
             row["stage_busy_s"] = json.dumps(t["stage_busy_s"]) if "stage_busy_s" in t else ""
         else:
             row.update({k: m.get(k) for k in _DIVERGED})
@@ -63,6 +69,7 @@ def read_aggregate(path: str | Path) -> pd.DataFrame:
     """The tidy CSV back, with the types the statistics expect."""
     df = pd.read_csv(path, keep_default_na=True)
     df["stage_busy_s"] = df["stage_busy_s"].fillna("")
+    df["shares_machine"] = df["shares_machine"].fillna(False).astype(bool)
     return df
 
 
@@ -74,7 +81,7 @@ class Aligned:
     values: list[np.ndarray]  # one array per arm, in the order of `seeds`
     diverged: dict[int, list[str]] = field(default_factory=dict)  # dropped seed -> the arms that diverged on it
     missing: list[int] = field(default_factory=list)  # seeds without a run of some arm
-    absent: dict[str, list[int]] = field(default_factory=dict)  # arm label -> the seeds it has no run on
+    absent: dict[str, list[int]] = field(default_factory=dict)  # "arm label: why" -> the seeds it lacks a value on
     sources: list[str] = field(default_factory=list)  # run directories of every arm on every seed considered
 
     @property
@@ -95,16 +102,19 @@ def align(df: pd.DataFrame, arms: list[tuple[str, int, str]], col: str) -> Align
         per_arm.append(a)
     kept, diverged, missing, sources, absent = [], {}, [], [], {}
     for seed in sorted(set().union(*(set(a.index) for a in per_arm))):
-        rows = [a.loc[seed] if seed in a.index else None for a in per_arm]
+        # an ok run without a value of `col` (a rate of a job that shared the machine) is no run of this comparison
+        rows = [a.loc[seed] if seed in a.index and (a.loc[seed].status != "ok" or pd.notna(a.loc[seed][col]))
+                else None for a in per_arm]
         sources += [str(r.run_dir) for r in rows if r is not None]
         bad = [arm_label(arm) for arm, r in zip(arms, rows, strict=True) if r is not None and r.status != "ok"]
         if bad:
             diverged[int(seed)] = bad
         elif any(r is None for r in rows):
             missing.append(int(seed))
-            for arm, r in zip(arms, rows, strict=True):
+            for arm, a, r in zip(arms, per_arm, rows, strict=True):
                 if r is None:
-                    absent.setdefault(arm_label(arm), []).append(int(seed))
+                    why = f"ran beside another job (no {col})" if seed in a.index else "no run"
+                    absent.setdefault(f"{arm_label(arm)}: {why}", []).append(int(seed))
         else:
             kept.append(int(seed))
     return Aligned(list(arms), kept, [a.loc[kept, col].to_numpy(float) for a in per_arm], diverged=diverged,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gradfidelity.config import cfg_from_json
 from gradfidelity.harness.cli_args import add_run_args
+from gradfidelity.studies.local.config import CORPORA
 
 
 def _config(args, job: str):
@@ -33,7 +34,7 @@ def _cell(args) -> int:
     from gradfidelity.studies.local.train import run_job
 
     run_job(_config(args, "train").train, cfg_from_json(args.cfg, "local"), args.methods.split(","), args.cell,
-            Path(args.data), args.run_dir)
+            Path(args.data), args.run_dir, shares_machine=args.shares_machine)
     return 0
 
 
@@ -105,7 +106,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("local-data", help="study C: prepare a byte corpus (embedded, download, path or file)")
     p.add_argument("--cfg", required=True, help="JSON {\"corpora\": {<corpus>: its entry of local.corpora}}")
-    p.add_argument("--corpus", required=True, choices=["enwik8", "tinystories"])
+    p.add_argument("--corpus", required=True, choices=list(CORPORA))
     p.add_argument("--out", required=True)
     p.set_defaults(func=_data)
 
@@ -119,6 +120,8 @@ def register(sub) -> None:
     p = sub.add_parser("local-cell", help="study C: BP, thread-matched BP and methods on one paired seed")
     p.add_argument("--cfg", required=True, help="JSON {\"train\": local.train}")
     p.add_argument("--methods", required=True, help="comma-separated method names")
+    p.add_argument("--shares-machine", action="store_true",
+                   help="the job runs beside another (a quality job): its runs' throughput is recorded, never read")
     p.add_argument("--data", required=True, help="folder with train.bin/val.bin/meta.json")
     add_run_args(p)  # --run-dir: with {method} in place of each method's name; --cell: corpus, width, seed
     p.set_defaults(func=_cell)

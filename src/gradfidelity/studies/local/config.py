@@ -24,7 +24,7 @@ SERIAL_LOCAL = ("live_local", "broadcast_serial", "rgc_serial")
 ASYNC = ("broadcast_async", "rgc_async")
 MAIN = ("bp", "bp_tm", *ASYNC)  # time-paired in one job: BP, the best-BP candidates and the async methods
 METHODS = ("bp", "bp_tm", *SERIAL_LOCAL, *ASYNC)
-CORPORA = ("enwik8", "tinystories")
+CORPORA = ("enwik8", "tinystories", "python_docs")
 SOURCES = ("embedded", "download", "path", "file")
 
 
@@ -51,11 +51,16 @@ class Corpora:
 
     enwik8: CorpusConfig | None
     tinystories: CorpusConfig | None
+    python_docs: CorpusConfig | None  # the cpu scale's real text (a `source: file` only: it has no stand-in)
 
     def __post_init__(self):
         for name, c in self.items():
             if c.source in ("path", "file") and not c.path:
                 raise UserError(f"local.corpora.{name}.path is empty but source is {c.source!r}")
+            if name == "python_docs" and c.source != "file":
+                raise UserError(f"local.corpora.python_docs.source is {c.source!r}: the Python-docs text is built "
+                                "by `make cpu-data` and read as `source: file` (it has no embedded stand-in and no "
+                                "download of its own)")
 
     def items(self) -> list[tuple[str, CorpusConfig]]:
         """(name, config) of the configured corpora, in the schema's order."""
@@ -158,6 +163,10 @@ class StudyConfig:
     side_methods: tuple[str, ...] | None  # empty = the main cell's methods
     power_seeds: int | None  # 0 = no power cells
     power_methods: tuple[str, ...] | None  # empty = BP and async Broadcast (C4's arms)
+    quality_seeds: int | None  # 0 = no quality cells
+    quality_methods: tuple[str, ...] | None
+    control_seeds: int | None  # 0 = the zero-gap control only where the main cell runs it
+    main_corpus: str | None
     mechanism_seeds: int | None  # 0 = seeds
     mechanism_corpora: tuple[str, ...] | None
     mechanism_widths: tuple[int, ...] | None
@@ -185,6 +194,21 @@ class StudyConfig:
         if self.power_seeds and self.seeds is not None and self.power_seeds <= self.seeds:
             raise UserError(f"local.power_seeds={self.power_seeds} must exceed local.seeds={self.seeds} (the power "
                             "cells are seeds seeds..power_seeds-1; 0 = none)")
+        if self.quality_seeds and self.seeds is not None:
+            first = max(self.seeds, self.power_seeds or 0)
+            if self.quality_seeds <= first:
+                raise UserError(f"local.quality_seeds={self.quality_seeds} must exceed local.seeds and "
+                                f"local.power_seeds ({first}): the quality cells are seeds {first}..quality_seeds-1; "
+                                "0 = none")
+        if self.quality_methods and self.methods is not None and not set(self.quality_methods) <= set(self.methods):
+            raise UserError(f"local.quality_methods={list(self.quality_methods)}: each must be one of local.methods "
+                            f"({list(self.methods)})")
+        if self.control_seeds and self.seeds is not None and self.control_seeds <= self.seeds:
+            raise UserError(f"local.control_seeds={self.control_seeds} must exceed local.seeds={self.seeds} (the "
+                            "control cells are seeds seeds..control_seeds-1; 0 = none)")
+        if self.main_corpus is not None and self.corpora is not None and self.corpora.get(self.main_corpus) is None:
+            raise UserError(f"local.main_corpus={self.main_corpus!r} is not one of local.corpora "
+                            f"({self.corpora.names()})")
         if self.memory is not None and self.train is not None:
             if self.memory.n_layer % self.train.n_stages:
                 raise UserError(f"local.memory.n_layer={self.memory.n_layer} is not divisible by "

@@ -8,6 +8,13 @@ each one rule (local.smk), each with its own methods:
   power      at `main_width`, seeds seeds..power_seeds-1: `power_methods` only (the paper's decision statistics, C4,
              at the seeds their power asks for, without paying for the arms no claim reads at those seeds)
   mechanism  the serial local methods on `mechanism_corpora` x `mechanism_widths`, seeds 0..mechanism_seeds-1
+  quality    at `main_corpus` and `main_width`, seeds max(seeds, power_seeds)..quality_seeds-1: `quality_methods`
+             (BP and serial Broadcast) in one-thread jobs two at a time: C4's pairs beyond the power cells. Serial
+             Broadcast is the async runtime's arithmetic bit for bit (claims.py checks it on every seed that has
+             both), and a quality claim reads only bits per byte, so these jobs need not own the machine; their
+             tokens per second are recorded but never read (`Group.shares_machine`)
+  control    thread-matched BP (the zero-gap control) at `main_corpus` and `main_width`, seeds seeds..control_seeds-1:
+             C4's and C9's tests run on a null comparison at the claim's own seeds (the control rule, registry)
 
 Each method of a cell has its own run directory `<root>/<corpus>/w<width>/<method>/seed<k>`. Two groups may hold
 the same method (BP is in main, side and power), so each group's rule carries wildcard constraints that keep its
@@ -31,6 +38,11 @@ class Group:
     name: str
     methods: tuple[str, ...]
     cells: tuple[tuple[str, int, int], ...]
+
+    @property
+    def shares_machine(self) -> bool:
+        """A quality job runs beside another (one thread each): its bits per byte count, its throughput does not."""
+        return self.name in SHARED_GROUPS
 
     def values(self, wildcard: str) -> list[int | str]:
         i = {"corpus": 0, "width": 1, "seed": 2}[wildcard]
@@ -62,7 +74,9 @@ def _main_methods(cfg: StudyConfig) -> tuple[str, ...]:
     return tuple(m for m in MAIN if m in cfg.methods)
 
 
-GROUPS = ("main", "side", "power", "mechanism")  # every job group a plan can have: rule local_<group> each
+GROUPS = ("main", "side", "power", "mechanism", "quality", "control")  # every group a plan can have: rule each
+SHARED_GROUPS = ("quality",)  # groups whose jobs take one thread and run two at a time
+QUALITY_METHODS_DEFAULT = ("bp", "broadcast_serial")
 
 
 def groups(cfg: StudyConfig) -> dict[str, Group]:
@@ -83,9 +97,17 @@ def groups(cfg: StudyConfig) -> dict[str, Group]:
                 side += [(name, w, k) for k in range(min(own, n) if own else n)]
     mech = [(c, w, k) for c in cfg.mechanism_corpora for w in cfg.mechanism_widths
             for k in range(cfg.mechanism_seeds or cfg.seeds)]
+    mc, first = cfg.main_corpus, max(cfg.seeds, cfg.power_seeds or 0)
+    in_plan = cfg.main_width in corpus_widths(cfg).get(mc, ())
+    quality = [(mc, cfg.main_width, k) for k in range(first, cfg.quality_seeds or 0)] if in_plan else []
+    quality_methods = tuple(m for m in (cfg.quality_methods or QUALITY_METHODS_DEFAULT) if m in cfg.methods)
+    control = [(mc, cfg.main_width, k) for k in range(cfg.seeds, cfg.control_seeds or 0)] if in_plan else []
+    control_methods = ("bp_tm",) if "bp_tm" in cfg.methods else ()
     out = {g.name: g for g in (Group("main", main_methods, tuple(main)), Group("side", side_methods, tuple(side)),
                                Group("power", power_methods, tuple(power)),
-                               Group("mechanism", tuple(m for m in SERIAL_LOCAL if m in cfg.methods), tuple(mech)))
+                               Group("mechanism", tuple(m for m in SERIAL_LOCAL if m in cfg.methods), tuple(mech)),
+                               Group("quality", quality_methods, tuple(quality)),
+                               Group("control", control_methods, tuple(control)))
            if g.methods and g.cells}
     _check_disjoint(list(out.values()))
     return out

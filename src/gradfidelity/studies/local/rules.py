@@ -22,7 +22,8 @@ JOB_KEYS = {
     "train": ("train",),  # the model and optimisation; the cell's data come as an input, its identity as wildcards
     "tables": ("train", "margin_pct", "equivalence_bpb"),  # train: the design line under the tables
     "figures": ("main_width", "margin_pct"),
-    "claims": ("main_width", "margin_pct", "equivalence_bpb", "mechanism_corpora", "mechanism_widths"),
+    "claims": ("main_width", "margin_pct", "equivalence_bpb", "mechanism_corpora", "mechanism_widths",
+               "main_corpus"),
     "bench": ("train", "bench"),
     "memory": ("train", "memory"),  # C3's probe: the training settings at the probe's width and depth
 }
@@ -69,9 +70,17 @@ def run_dir(root_of):
     return _run_dir
 
 
-def threads(cfg: StudyConfig, workflow_threads: int) -> int:
-    """A training job owns the machine: throughput is the measurement, so two jobs must never share the cores."""
+def threads(cfg: StudyConfig, workflow_threads: int, group=None) -> int:
+    """A training job owns the machine: throughput is the measurement, so two jobs must never share the cores.
+    Except a quality job (`plan.Group.shares_machine`): one thread, two at a time, its throughput never read."""
+    if group is not None and group.shares_machine:
+        return 1
     return max(workflow_threads, cfg.train.async_threads)
+
+
+def shares_flag(group) -> str:
+    """The local-cell flag that records, in each run's timing, that its job ran beside another."""
+    return " --shares-machine" if group.shares_machine else ""
 
 
 def omp_env(cfg: StudyConfig) -> str:

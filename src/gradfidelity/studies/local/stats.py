@@ -56,7 +56,7 @@ def best_bp(cell: pd.DataFrame) -> dict:
     """The faster BP of one (corpus, width) cell among bp and bp_tm (geometric mean tokens/s over finished seeds)."""
     rates = {}
     for m in ("bp", "bp_tm"):
-        ok = cell[(cell.method == m) & (cell.status == "ok")]
+        ok = cell[(cell.method == m) & (cell.status == "ok") & cell.tokens_per_s.notna()]  # timed runs only
         if len(ok):
             rates[m] = (float(np.exp(np.mean(np.log(ok.tokens_per_s.to_numpy(float))))),
                         float(ok.compute_threads.max()))
@@ -106,6 +106,17 @@ def fail_rate_at_zero_gap(sd: float, n: int, margin: float, confidence: float = 
         return math.nan
     t_c = stats.t.ppf(confidence, n - 1)
     return float(stats.nct.cdf(t_c, n - 1, margin * math.sqrt(n) / sd))
+
+
+def pass_rate(gap: float, sd: float, n: int, margin: float, confidence: float = 0.95) -> float:
+    """How often the margin test passes (upper bound < margin: non-inferior) at a true mean gap `gap` and per-seed
+    sd `sd` with n paired seeds: its power at that gap. (margin - mean) sqrt(n) / s is noncentral t with n - 1
+    degrees of freedom and noncentrality (margin - gap) sqrt(n) / sd; the test passes where it exceeds t_c.
+    At gap 0 this is 1 - fail_rate_at_zero_gap."""
+    if n < 2 or not sd > 0:
+        return math.nan
+    t_c = stats.t.ppf(confidence, n - 1)
+    return float(stats.nct.sf(t_c, n - 1, (margin - gap) * math.sqrt(n) / sd))
 
 
 def gaps_pct(m: np.ndarray, b: np.ndarray, margin: float) -> np.ndarray:

@@ -37,11 +37,13 @@ CELL_KEYS = ("corpus", "width", "seed")  # the training rules' wildcards
 TRAINING_PSS_INTERVAL_S = 1.0
 
 
-def run_job(t: TrainConfig, cfg: dict, methods: list[str], cell: dict, data_dir: Path, run_dir: str) -> None:
+def run_job(t: TrainConfig, cfg: dict, methods: list[str], cell: dict, data_dir: Path, run_dir: str,
+            shares_machine: bool = False) -> None:
     """The `local-cell` job: check its arguments before any work, then `run_cell`.
 
     `run_dir`: the run directory with `{method}` in place of the method (the rule's `--run-dir`); `cell`: the
-    rule's wildcards (`--cell`).
+    rule's wildcards (`--cell`); `shares_machine`: the job runs beside another (a quality job), recorded in each
+    run's timing so that no throughput is read from it.
     """
     bad = [m for m in methods if m not in METHODS]
     if bad:
@@ -54,11 +56,12 @@ def run_job(t: TrainConfig, cfg: dict, methods: list[str], cell: dict, data_dir:
     for name in ("train.bin", "val.bin", "meta.json"):
         if not (Path(data_dir) / name).exists():
             raise UserError(f"{data_dir}/{name} does not exist (prepare the corpus with the local_data rule)")
-    run_cell(methods, t, cfg, cell, data_dir, {m: Path(run_dir.replace("{method}", m)) for m in methods})
+    run_cell(methods, t, cfg, cell, data_dir, {m: Path(run_dir.replace("{method}", m)) for m in methods},
+             shares_machine)
 
 
-def run_cell(methods: list[str], t: TrainConfig, cfg: dict, cell: dict, data_dir: Path, run_dirs: dict[str, Path]
-             ) -> None:
+def run_cell(methods: list[str], t: TrainConfig, cfg: dict, cell: dict, data_dir: Path, run_dirs: dict[str, Path],
+             shares_machine: bool = False) -> None:
     """Run `methods` of one cell back to back (reversed on odd seeds), each in a fresh spawned process.
 
     `cfg`: the job's config as given (recorded in provenance); `cell`: the plan's cell (corpus, width, seed);
@@ -70,7 +73,7 @@ def run_cell(methods: list[str], t: TrainConfig, cfg: dict, cell: dict, data_dir
     for method in order:
         out = Path(run_dirs[method])
         p = ctx.Process(target=run_method, name=f"gf-local-{method}",
-                        args=(method, t, cfg, {**cell, "method": method}, Path(data_dir), out))
+                        args=(method, t, cfg, {**cell, "method": method}, Path(data_dir), out, shares_machine))
         p.start()
         p.join()
         if p.exitcode != 0:
@@ -78,7 +81,8 @@ def run_cell(methods: list[str], t: TrainConfig, cfg: dict, cell: dict, data_dir
                             f"{p.exitcode}); its traceback is in this job's log, its run directory is {out}")
 
 
-def run_method(method: str, t: TrainConfig, cfg: dict, cell: dict, data_dir: Path, out: Path) -> None:
+def run_method(method: str, t: TrainConfig, cfg: dict, cell: dict, data_dir: Path, out: Path,
+               shares_machine: bool = False) -> None:
     """One method of the cell, in its own fresh process: train, evaluate, write metrics.json."""
     from gradfidelity.harness import Run
     from gradfidelity.harness.memory import PeakPSS, tree_pss_bytes
@@ -114,7 +118,7 @@ def run_method(method: str, t: TrainConfig, cfg: dict, cell: dict, data_dir: Pat
         timing = {
             "tokens_per_s": tps, "train_s": res["train_s"], "peak_pss_bytes": mem.peak_bytes,
             "peak_pss_gib": mem.peak_bytes / 2**30, "idle_pss_gib": idle_pss / 2**30,
-            "compute_threads": compute_threads,
+            "compute_threads": compute_threads, "shares_machine": shares_machine,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
             "model_tflops_per_s": tps * flops_per_token(t.model(width), n_params) / 1e12,
         }
