@@ -16,6 +16,7 @@ from gradfidelity.harness.results import load_run_records, records_from_runs_tab
 from gradfidelity.reference.check import exit_code, summary_line
 from gradfidelity.reference.dag import parse_dry_run
 from gradfidelity.reference.verdicts import allowed_rules, verdict_changes
+from gradfidelity.studies.local.claims import EVIDENCE_VERSION as LOCAL_EVIDENCE_VERSION
 
 ROW = {"id": "X1", "study": "local", "paper": "p", "statement": "s", "paper_value": "v", "metric": "m",
        "check": {"kind": "gt", "threshold": 1.0}, "scales": ["smoke", "cpu"], "why": "w", "min_n": 3,
@@ -84,7 +85,8 @@ def fake_checkout(tmp_path, monkeypatch):
     committed.to_csv(repo / "results/cpu/runs/local.csv", index=False)
     pd.DataFrame([{"study": "local", "run": RUN, "metric": "val_bpb", "rel_difference": 0.0066}]).to_csv(
         repo / "results/cpu/reference/drift_x.csv", index=False)
-    (repo / "results/cpu/claims/local.json").write_text(json.dumps({"study": "local", "scale": "cpu", "values": {}}))
+    (repo / "results/cpu/claims/local.json").write_text(json.dumps(  # today's evidence version: not stale
+        {"study": "local", "scale": "cpu", "evidence_version": LOCAL_EVIDENCE_VERSION, "values": {}}))
     monkeypatch.setattr(reference, "plan_sample", lambda *a, **k: [RUN])
     monkeypatch.setattr(rv, "committed_verdicts", lambda *a, **k: _verdicts(tmp_path, "before", 1.2, 1.05, 1.35))
 

@@ -63,13 +63,14 @@ def test_cross_field_check_refuses_the_config_at_load(clone, tmp_path, override,
 @pytest.mark.slow  # a Snakemake dry run each (about 4 s): together they would cost the fast tier ~25 s
 def test_the_cpu_corpus_at_the_smoke_scale_is_refused_at_load_naming_both_scales(clone, tmp_path):
     """The cpu scale's `local` section (as a user would paste config/cpu/local.yaml under `local:`) at the smoke
-    scale: its enwik8 is results/cpu/local/corpus/python-docs-3.11.txt, which no smoke-scale rule makes. Before
+    scale: its python_docs is results/cpu/local/corpus/python-docs-3.11.txt, which no smoke-scale rule makes. Before
     this check it surfaced only as a MissingInputException of rule local_data when the DAG was built."""
     cpu = yaml.safe_load((REPO / "config" / "cpu" / "local.yaml").read_text())
-    assert cpu["corpora"]["enwik8"] == {**cpu["corpora"]["enwik8"], "source": "file", "path": f"results/cpu/{PYDOCS}"}
+    docs = cpu["corpora"]["python_docs"]
+    assert docs == {**docs, "source": "file", "path": f"results/cpu/{PYDOCS}"}
     out = _refused(clone, tmp_path, {"local": cpu})
     assert "MissingInputException" not in out
-    for text in ("local.corpora.enwik8.path", f"'results/cpu/{PYDOCS}'", "'cpu' scale", "scale 'smoke'",
+    for text in ("local.corpora.python_docs.path", f"'results/cpu/{PYDOCS}'", "'cpu' scale", "scale 'smoke'",
                  f"results/smoke/{PYDOCS}"):
         assert text in out, (text, out[-3000:])
 

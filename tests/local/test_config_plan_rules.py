@@ -39,7 +39,6 @@ def test_every_scale_loads(scale):
     ({"seeds": 5, "power_seeds": 11, "quality_seeds": 11}, "local.quality_seeds=11"),
     ({"seeds": 5, "control_seeds": 3}, "local.control_seeds=3"),
     ({"main_corpus": "tinystories"}, "local.main_corpus='tinystories'"),
-    ({"quality_methods": ["rgc_serial"], "methods": ["bp", "broadcast_serial"]}, "local.quality_methods"),
 ])
 def test_cross_field_checks_name_the_key(top, key):
     with pytest.raises(UserError, match=key.replace(".", r"\.")):
@@ -163,4 +162,7 @@ def test_threads_and_environment():
     gs = plan.groups(study(seeds=1, quality_seeds=3, control_seeds=2))
     assert rules.threads(cfg, 2, gs["quality"]) == 1 and rules.shares_flag(gs["quality"]) == " --shares-machine"
     assert rules.threads(cfg, 2, gs["control"]) == 12 and rules.shares_flag(gs["control"]) == ""
+    # a trimmed plan without serial Broadcast (or thread-matched BP) has no quality (or control) cells: no rule
+    trimmed = plan.groups(study(seeds=1, quality_seeds=3, control_seeds=2, methods=["bp", "broadcast_async"]))
+    assert "quality" not in trimmed and "control" not in trimmed
     assert rules.omp_env(cfg) == "OMP_WAIT_POLICY=PASSIVE " and rules.omp_env(study()) == ""

@@ -21,7 +21,8 @@ def test_two_methods_and_one_width_plan_their_runs():
     assert res.returncode == 0, res.stderr[-3000:]
     assert "names rules that do not exist" not in res.stdout + res.stderr
     rules = {job.rule for job in parse_dry_run(res.stdout)}
-    assert {"local_main", "local_power"} <= rules and not {"local_side", "local_mechanism"} & rules
+    # no rule of a group that has no cells in this plan (the others run only where a record is not committed yet)
+    assert not {"local_side", "local_mechanism", "local_quality", "local_control"} & rules
     runs = [o for job in parse_dry_run(res.stdout) for o in job.outputs if o.endswith("/metrics.json")]
     assert runs and all("/w64/" in r or "/memory/" in r for r in runs)
     assert {r.split("/")[-3] for r in runs if "/w64/" in r} == {"bp", "broadcast_async"}

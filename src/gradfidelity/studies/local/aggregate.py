@@ -24,7 +24,8 @@ from gradfidelity.harness.results import cell_of, load_run_records
 
 LABEL = {"bp": "BP", "bp_tm": "BP (thread-matched)", "live_local": "Live Local (serial)",
          "broadcast_serial": "Broadcast (serial)", "rgc_serial": "RGC (serial)",
-         "broadcast_async": "Broadcast (async)", "rgc_async": "RGC (async)"}
+         "broadcast_async": "Broadcast (async)", "rgc_async": "RGC (async)",
+         "broadcast": "Broadcast (async, + serial on the quality seeds)"}
 _KEYS = ("path", "run_dir", "status", "seed", "scale", "corpus", "width", "method")
 _METRICS = ("val_bpb", "corpus_source", "n_params", "n_stages", "steps")
 _TIMING = ("tokens_per_s", "train_s", "peak_pss_gib", "idle_pss_gib", "compute_threads", "model_tflops_per_s")

@@ -55,10 +55,12 @@ from gradfidelity.studies.local.aggregate import LABEL, Aligned, align, source_o
 from gradfidelity.studies.local.config import StudyConfig
 from gradfidelity.studies.local.stats import (
     CONTROL,
+    POOLED,
     best_bp,
     fail_rate_at_zero_gap,
     gaps_pct,
     pass_rate,
+    pooled_broadcast,
     seeds_80pct,
 )
 
@@ -135,7 +137,8 @@ def claims(df: pd.DataFrame, s: StudyConfig, scale: str, tables: dict[str, str |
     vals["C3"] = memory_evidence(mem, [tables[k] for k in ("memory", "memory_table") if k in tables])
 
     control = align(df, [(M, W, CONTROL), (M, W, "bp")], "val_bpb")
-    broadcast, how = broadcast_quality(df, M, W)
+    pooled, how = pooled_broadcast(df, M, W)
+    broadcast = align(pd.concat([df, pooled], ignore_index=True), [(M, W, POOLED), (M, W, "bp")], "val_bpb")
 
     def upper(m, b):
         ni = noninferiority(m, b, s.margin_pct)
@@ -299,43 +302,6 @@ def _control_tost(control: Aligned, seeds: list[int], bound: float) -> dict:
               else f"not measured: the test cannot pass on a null control at this n ({what}, n {e['n']}: 90% CI "
                    f"{e['ci_low']:.5f} to {e['ci_high']:.5f} reaches outside +-{bound})")
     return {"gate": gate("null_control", e["equivalent"], reason), "text": text}
-
-
-def broadcast_quality(df: pd.DataFrame, corpus: str, width: int) -> tuple[Aligned, str]:
-    """Broadcast vs BP bits per byte on every seed of a cell: async Broadcast where it ran, serial Broadcast on the
-    seeds that have only it (the quality cells). The async runtime computes the serial method exactly, so the two
-    are one method; that is checked on every seed that has both: any difference keeps the async seeds alone."""
-    asyn = align(df, [(corpus, width, "broadcast_async"), (corpus, width, "bp")], "val_bpb")
-    serial = align(df, [(corpus, width, "broadcast_serial"), (corpus, width, "bp")], "val_bpb")
-    ai, si = ({k: i for i, k in enumerate(a.seeds)} for a in (asyn, serial))
-    both = sorted(set(asyn.seeds) & set(serial.seeds))
-    differ = [k for k in both if asyn.values[0][ai[k]] != serial.values[0][si[k]]]
-    if differ or not both:
-        how = ("async Broadcast only" if not serial.seeds else
-               "async seeds only: no seed has both a serial and an async Broadcast run to show they are the same "
-               "computation" if not both else
-               f"async seeds only: serial and async Broadcast differ on seed(s) {differ}, so the serial runs are "
-               "not the same computation")
-        return asyn, how
-    seeds = sorted(set(asyn.seeds) | set(serial.seeds))
-    pick = [(asyn, ai[k]) if k in ai else (serial, si[k]) for k in seeds]
-    values = [np.array([al.values[j][i] for al, i in pick]) for j in (0, 1)]
-    # a seed left out by both alignments (diverged, or missing an arm) stays out, with its reasons
-    gone = set(seeds)
-    diverged = {k: v for al in (serial, asyn) for k, v in al.diverged.items() if k not in gone}
-    absent: dict[str, list[int]] = {}
-    for al in (asyn, serial):
-        for label, ks in al.absent.items():
-            kept = [k for k in ks if k not in gone]
-            if kept:
-                absent.setdefault(label, []).extend(kept)
-    label = (corpus, width, "broadcast")
-    out = Aligned([label, (corpus, width, "bp")], seeds, values, diverged=diverged,
-                  missing=sorted({k for ks in absent.values() for k in ks}), absent=absent,
-                  sources=list(dict.fromkeys([*asyn.sources, *serial.sources])))
-    n_serial = len([k for k in seeds if k not in ai])
-    return out, (f"Broadcast async on {len(ai)} seed(s), serial on {n_serial}; the two bit-identical on the "
-                 f"{len(both)} seed(s) that have both {both}")
 
 
 def _c8(df: pd.DataFrame, corpus: str, width: int, what: str, sources: list[str]) -> dict:

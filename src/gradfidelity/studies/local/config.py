@@ -142,8 +142,8 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    """C3's memory probe (memory.py): a few training steps at a size where the model's state counts, each method
-    beside its own bare process tree."""
+    """C3's memory probe (memory.py): `steps` training steps (1 at the cpu scale) at a size where the model's state
+    counts, each method beside its own bare process tree."""
 
     width: int
     n_layer: int
@@ -200,9 +200,6 @@ class StudyConfig:
                 raise UserError(f"local.quality_seeds={self.quality_seeds} must exceed local.seeds and "
                                 f"local.power_seeds ({first}): the quality cells are seeds {first}..quality_seeds-1; "
                                 "0 = none")
-        if self.quality_methods and self.methods is not None and not set(self.quality_methods) <= set(self.methods):
-            raise UserError(f"local.quality_methods={list(self.quality_methods)}: each must be one of local.methods "
-                            f"({list(self.methods)})")
         if self.control_seeds and self.seeds is not None and self.control_seeds <= self.seeds:
             raise UserError(f"local.control_seeds={self.control_seeds} must exceed local.seeds={self.seeds} (the "
                             "control cells are seeds seeds..control_seeds-1; 0 = none)")

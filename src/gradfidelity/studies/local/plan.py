@@ -100,7 +100,9 @@ def groups(cfg: StudyConfig) -> dict[str, Group]:
     mc, first = cfg.main_corpus, max(cfg.seeds, cfg.power_seeds or 0)
     in_plan = cfg.main_width in corpus_widths(cfg).get(mc, ())
     quality = [(mc, cfg.main_width, k) for k in range(first, cfg.quality_seeds or 0)] if in_plan else []
-    quality_methods = tuple(m for m in (cfg.quality_methods or QUALITY_METHODS_DEFAULT) if m in cfg.methods)
+    # a trimmed `methods` without one of them has no quality cells (half a pair would answer nothing)
+    wanted = tuple(cfg.quality_methods or QUALITY_METHODS_DEFAULT)
+    quality_methods = wanted if set(wanted) <= set(cfg.methods) else ()
     control = [(mc, cfg.main_width, k) for k in range(cfg.seeds, cfg.control_seeds or 0)] if in_plan else []
     control_methods = ("bp_tm",) if "bp_tm" in cfg.methods else ()
     out = {g.name: g for g in (Group("main", main_methods, tuple(main)), Group("side", side_methods, tuple(side)),

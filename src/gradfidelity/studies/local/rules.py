@@ -20,7 +20,7 @@ from gradfidelity.studies.local.config import CORPORA, StudyConfig
 JOB_KEYS = {
     "data": ("corpora",),  # and of it only the job's own corpus (`data_cfg`)
     "train": ("train",),  # the model and optimisation; the cell's data come as an input, its identity as wildcards
-    "tables": ("train", "margin_pct", "equivalence_bpb"),  # train: the design line under the tables
+    "tables": ("train", "margin_pct", "equivalence_bpb", "memory"),  # train, memory: the notes under the tables
     "figures": ("main_width", "margin_pct"),
     "claims": ("main_width", "margin_pct", "equivalence_bpb", "mechanism_corpora", "mechanism_widths",
                "main_corpus"),

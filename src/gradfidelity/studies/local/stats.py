@@ -39,6 +39,37 @@ from gradfidelity.studies.local.aggregate import paired, source_of
 from gradfidelity.studies.local.config import ASYNC, SERIAL_LOCAL, StudyConfig
 
 CONTROL = "bp_tm"  # the zero-gap control: BP's own arithmetic on the async run's thread budget
+POOLED = "broadcast"  # C4's Broadcast: async where it ran, serial on the seeds that have only a serial run
+
+
+def pooled_broadcast(df: pd.DataFrame, corpus: str, width: int) -> tuple[pd.DataFrame, str]:
+    """The runs of C4's Broadcast arm in one cell, as rows of method `POOLED`, and how they were pooled.
+
+    Async Broadcast on every seed it ran; serial Broadcast on the seeds that have only it (the quality cells). The
+    async runtime computes the serial method exactly (step-indexed readout snapshots), so the two are one method
+    on the question of quality; that is checked, not assumed: on every seed with a finished run of both the bits
+    per byte must be equal, else (or with no seed to check it on) the async runs stand alone. A serial run's rate
+    is never pooled (quality jobs share the machine): only its bits per byte."""
+    cell = df[(df.corpus == corpus) & (df.width == width)]
+    a = cell[cell.method == "broadcast_async"].set_index("seed")
+    s = cell[cell.method == "broadcast_serial"].set_index("seed")
+    ok_a, ok_s = a[a.status == "ok"], s[s.status == "ok"]
+    both = sorted(set(ok_a.index) & set(ok_s.index))
+    differ = [int(k) for k in both if ok_a.loc[k, "val_bpb"] != ok_s.loc[k, "val_bpb"]]
+    if s.empty:
+        rows, how = a, "async Broadcast only"
+    elif not both:
+        rows, how = a, ("async seeds only: no seed has both a serial and an async Broadcast run to show they are the "
+                        "same computation")
+    elif differ:
+        rows, how = a, (f"async seeds only: serial and async Broadcast differ on seed(s) {differ}, so the serial "
+                        "runs are not the same computation")
+    else:
+        extra = s.loc[[k for k in s.index if k not in a.index]]
+        rows = pd.concat([a, extra.assign(**{c: math.nan for c in ("tokens_per_s", "train_s") if c in extra})])
+        how = (f"Broadcast async on {len(a)} seed(s), serial on {len(extra)}; the two bit-identical on the "
+               f"{len(both)} seed(s) that have both {[int(k) for k in both]}")
+    return rows.reset_index().assign(method=POOLED), how
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> dict:
@@ -181,6 +212,11 @@ def main_table(df: pd.DataFrame, s: StudyConfig) -> pd.DataFrame:
         for method in [m for m in (CONTROL, *ASYNC, *SERIAL_LOCAL) if (cell.method == m).any()]:
             st = cell_stats(cell, method, s.margin_pct)
             rows.append({"corpus": corpus, "source": source_of(cell), "width": width, "method": method, **st})
+        pooled, how = pooled_broadcast(cell, corpus, width)
+        if len(pooled) > (cell.method == "broadcast_async").sum():  # serial seeds joined: C4's own arm, its row
+            st = cell_stats(pd.concat([cell, pooled], ignore_index=True), POOLED, s.margin_pct)
+            rows.append({"corpus": corpus, "source": source_of(cell), "width": width, "method": POOLED, **st,
+                         "pooled": how})
     return pd.DataFrame(rows)
 
 

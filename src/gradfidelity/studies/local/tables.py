@@ -14,7 +14,7 @@ from gradfidelity.claims.registry import interval_level
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
 from gradfidelity.studies.local.aggregate import LABEL
 from gradfidelity.studies.local.config import StudyConfig
-from gradfidelity.studies.local.stats import CONTROL, main_table, mechanism_table, memory_table
+from gradfidelity.studies.local.stats import CONTROL, POOLED, main_table, mechanism_table, memory_table
 from gradfidelity.tables import markdown
 
 
@@ -66,10 +66,19 @@ def _write(df_csv: pd.DataFrame, df_md: pd.DataFrame, csv: Path, md: Path, title
     atomic_write_text(md, "\n".join(parts) + "\n")
 
 
-SOURCE_NOTE = ("corpus source `embedded` = the deterministic built-in stand-in corpus (no download possible on this "
-               "machine), not the real enwik8/TinyStories; `file:<name>` = a byte file given in the config (its MD5 "
-               "is in the data folder's meta.json; the cpu scale's python-docs file is described in "
-               "docs/sources.md)")
+def source_note(df: pd.DataFrame) -> str:
+    """What each corpus source in the table is (only the sources it has, so no corpus is named that is not there)."""
+    sources = set(df.corpus_source.dropna().astype(str))
+    parts = []
+    if "embedded" in sources:
+        parts.append("`embedded` = the deterministic built-in stand-in of the named corpus (no download possible on "
+                     "this machine), not real text of it")
+    if any(x.startswith("file:") for x in sources):
+        parts.append("`file:<name>` = a byte file given in the config (its MD5 is in the data folder's meta.json; "
+                     "`python_docs` is the Python 3.11 documentation's reStructuredText sources, docs/sources.md)")
+    if any(x == "download" or x.startswith("path:") for x in sources):
+        parts.append("`download` / `path:<file>` = the paper's real corpus, its MD5 checked (docs/sources.md)")
+    return "corpus source: " + "; ".join(parts) if parts else "corpus source: none recorded"
 
 
 def _readable_memory(mem: pd.DataFrame) -> pd.DataFrame:
@@ -89,14 +98,14 @@ def _readable_memory(mem: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_tables(df: pd.DataFrame, s: StudyConfig, out: dict[str, Path], mem: pd.DataFrame | None = None) -> None:
-    """Reads train, margin_pct and equivalence_bpb of the config; `mem` is the memory probes' tidy CSV (written to
-    out["mem_csv"] / out["mem_md"] when given)."""
+    """Reads train, margin_pct, equivalence_bpb and memory of the config; `mem` is the memory probes' tidy CSV
+    (written to out["mem_csv"] / out["mem_md"] when given)."""
     main = main_table(df, s)
     mech = mechanism_table(df, s)
     t = s.train
     _write(_fmt(main), _readable_main(main), out["main_csv"], out["main_md"],
            "Study C: async local training vs BP",
-           [SOURCE_NOTE,
+           [source_note(df),
             f"{t.n_layer} layers, {t.n_stages} stages, {t.steps} steps of {t.batch_size}x{t.block_size} bytes; BP "
             f"{t.bp_threads} thread(s), async {t.n_stages} processes x {t.threads_per_stage} thread(s), "
             f"thread-matched BP {t.async_threads} threads",
@@ -113,10 +122,14 @@ def write_tables(df: pd.DataFrame, s: StudyConfig, out: dict[str, Path], mem: pd
             "often the margin test fails for a method exactly as good as BP at this row's sd and n (noncentral t)",
             "PSS = peak process-tree PSS of each method in a fresh process of its own; idle = that process "
             "before anything was built (interpreter + torch), the floor every method pays",
-            "serial methods are not time-paired with the async ones: their throughput is only indicative"])
+            "serial methods are not time-paired with the async ones: their throughput is only indicative; runs of "
+            "the quality cells (one-thread jobs two at a time) have no throughput here at all",
+            f"{LABEL[POOLED]} = C4's arm: async Broadcast where it ran, serial Broadcast on the seeds that have only "
+            "it, pooled only when the two are bit-identical on every seed that has both (the CSV column `pooled` "
+            "says how)"])
     _write(_fmt(mech), _fmt(mech), out["mech_csv"], out["mech_md"], "Study C mechanism: serial local methods",
-           [SOURCE_NOTE, "n = finished runs of the method, diverged = its diverged runs (kept out of every mean and "
-            "interval)",
+           [source_note(df), "n = finished runs of the method, diverged = its diverged runs (kept out of every mean "
+            "and interval)",
             "minus_live_local_bpb and its 90% CI (TOST) against Live Local; equivalence bound "
             f"+-{s.equivalence_bpb} bits per byte",
             f"readout snapshot lag {t.readout_lag} steps, refreshed every {t.snapshot_every}"])
@@ -124,7 +137,8 @@ def write_tables(df: pd.DataFrame, s: StudyConfig, out: dict[str, Path], mem: pd
         memory = memory_table(mem)
         _write(memory, _readable_memory(memory), out["mem_csv"], out["mem_md"],
                "Study C memory (C3): each method beside its own bare process tree",
-               ["peak PSS = peak process-tree PSS over a few training steps, in a fresh process per measurement; own "
+               [f"peak PSS = peak process-tree PSS over {s.memory.steps} training step(s) of the probe "
+                "(local.memory.steps), in a fresh process per measurement; own "
                 "baseline = the same process tree started without the model (BP: one interpreter; async RGC: the "
                 f"training process, the forkserver and {t.n_stages} stage processes), so the interpreters cancel out "
                 "of the difference", "model GiB = peak - own baseline: parameters, gradients, AdamW state, "
