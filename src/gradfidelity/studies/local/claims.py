@@ -253,6 +253,21 @@ def _blocks(seeds: list[int], size: int = PAPER_N) -> list[list[int]]:
     return [seeds[i:i + size] for i in range(0, len(seeds) - size + 1, size)]
 
 
+def _block_fails(control: Aligned, passes: Callable[[np.ndarray, np.ndarray], bool]) -> tuple[int, int]:
+    """(failing blocks, blocks): the control's test on each disjoint block of the paper's n seeds."""
+    at = {k: i for i, k in enumerate(control.seeds)}
+    blocks = _blocks(control.seeds)
+    fails = sum(not passes(*(v[[at[k] for k in b]] for v in control.values)) for b in blocks)
+    return fails, len(blocks)
+
+
+def _not_on_seeds(what: str, cid: str, lacking: list[int]) -> dict:
+    """The null_control gate where the control did not run on some of the claim's seeds."""
+    return {"gate": gate("null_control", False, f"the {what} has no paired run on {cid}'s seed(s) {lacking}, so the "
+                         "test was not shown to pass on a null comparison at this n"),
+            "text": f"{what}: not run on seed(s) {lacking}"}
+
+
 def _control_noninferiority(control: Aligned, seeds: list[int], margin: float) -> dict:
     """The margin test on the zero-gap control (thread-matched BP vs BP) on C4's own seeds: the null_control gate
     (the test must be able to pass where nothing differs, at this n), and one phrase of C4's detail with the
@@ -260,15 +275,10 @@ def _control_noninferiority(control: Aligned, seeds: list[int], margin: float) -
     lacking, (tm, bp) = _on_seeds(control, seeds)
     what = "zero-gap control (BP thread-matched vs BP)"
     if lacking:
-        return {"gate": gate("null_control", False, f"the {what} has no paired run on C4's seed(s) {lacking}, so "
-                             "the test was not shown to pass on a null comparison at this n"),
-                "text": f"{what}: not run on seed(s) {lacking}"}
+        return _not_on_seeds(what, "C4", lacking)
     ni = noninferiority(tm, bp, margin)
-    blocks = [b for b in _blocks(control.seeds)]
-    at = {k: i for i, k in enumerate(control.seeds)}
-    fails = sum(not noninferiority(control.values[0][[at[k] for k in b]], control.values[1][[at[k] for k in b]],
-                                   margin).non_inferior for b in blocks)
-    measured = (f"{fails} of {len(blocks)} disjoint blocks of {PAPER_N} seeds fail ({fails / len(blocks):.0%})"
+    fails, blocks = _block_fails(control, lambda a, b: noninferiority(a, b, margin).non_inferior)
+    measured = (f"{fails} of {blocks} disjoint blocks of {PAPER_N} seeds fail ({fails / blocks:.0%})"
                 if blocks else f"fewer than {PAPER_N} control seeds, no block")
     text = (f"{what}, n {ni.n} on the same seeds: mean gap {ni.mean_gap_pct:.4g}%, sd {ni.sd_gap_pct:.4g}, upper "
             f"bound {ni.upper_pct:.4g}% (non-inferior: {ni.non_inferior}); its fail rate at the paper's n = "
@@ -286,16 +296,11 @@ def _control_tost(control: Aligned, seeds: list[int], bound: float) -> dict:
     lacking, (tm, bp) = _on_seeds(control, seeds)
     what = "zero-gap control (BP thread-matched - BP)"
     if lacking:
-        return {"gate": gate("null_control", False, f"the {what} has no paired run on C9's seed(s) {lacking}, so "
-                             "the TOST was not shown to find equivalence on a null comparison at this n"),
-                "text": f"{what}: not run on seed(s) {lacking}"}
+        return _not_on_seeds(what, "C9", lacking)
     e = equivalence_tost(tm, bp, bound)
-    blocks = _blocks(control.seeds)
-    at = {k: i for i, k in enumerate(control.seeds)}
-    miss = sum(not equivalence_tost(control.values[0][[at[k] for k in b]], control.values[1][[at[k] for k in b]],
-                                    bound)["equivalent"] for b in blocks)
-    measured = (f"{miss} of {len(blocks)} disjoint blocks of {PAPER_N} seeds miss equivalence "
-                f"({miss / len(blocks):.0%})" if blocks else f"fewer than {PAPER_N} control seeds, no block")
+    miss, blocks = _block_fails(control, lambda a, b: equivalence_tost(a, b, bound)["equivalent"])
+    measured = (f"{miss} of {blocks} disjoint blocks of {PAPER_N} seeds miss equivalence ({miss / blocks:.0%})"
+                if blocks else f"fewer than {PAPER_N} control seeds, no block")
     text = (f"{what}, n {e['n']} on the same seeds: 90% CI {e['ci_low']:.5f} to {e['ci_high']:.5f}, equivalent "
             f"within +-{bound}: {e['equivalent']}; at the paper's n = {PAPER_N}: {measured}")
     reason = (f"the TOST finds the {what} equivalent at n {e['n']}" if e["equivalent"]
