@@ -202,13 +202,15 @@ def test_a_study_whose_committed_evidence_predates_its_registry_rows_is_not_samp
     mismatches."""
     from gradfidelity.claims.registry import load_registry
     from gradfidelity.reference.check import stale_studies
+    from gradfidelity.studies.local.claims import EVIDENCE_VERSION as LOCAL_EVIDENCE_VERSION
 
     want = max(row["evidence_version"] for row in load_registry() if row["study"] == "async_pp")
     assert want >= 2
     claims = tmp_path / "results" / "cpu" / "claims"
     claims.mkdir(parents=True)
     (claims / "async_pp.json").write_text(json.dumps({"study": "async_pp", "scale": "cpu", "values": {}}))
-    (claims / "local.json").write_text(json.dumps({"study": "local", "scale": "cpu", "values": {}}))
+    (claims / "local.json").write_text(json.dumps({"study": "local", "scale": "cpu",  # today's version: current
+                                                   "evidence_version": LOCAL_EVIDENCE_VERSION, "values": {}}))
     got = stale_studies(tmp_path, ("async_pp", "local"))
     assert list(got) == ["async_pp"] and "evidence version 1" in got["async_pp"] and f"at {want}" in got["async_pp"]
     (claims / "async_pp.json").write_text(json.dumps({"study": "async_pp", "scale": "cpu",
