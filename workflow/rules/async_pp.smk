@@ -213,7 +213,9 @@ rule async_pp_claims:
         length=f"{TABLES}/async_pp_length.csv",
         momentum=f"{TABLES}/async_pp_momentum.csv",
     output:
-        f"{RESULTS}/claims/async_pp.json",
+        claims=f"{RESULTS}/claims/async_pp.json",
+        budget=f"{TABLES}/async_pp_budget_rule.csv",
+        budget_md=report(f"{TABLES}/async_pp_budget_rule.md", category="async_pp"),
     params:
         cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "claims"),
         gf=GF,
@@ -226,7 +228,8 @@ rule async_pp_claims:
     resources:
         **rule_resources("async_pp_claims"),
     shell:
-        "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} --claims {output} "
+        "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} "
+        "--claims {output.claims} --budget-table {output.budget} "
         "--claim-source {input.main} --claim-source {input.mitigations} --claim-source {input.lr_selection} "
         "--claim-source {input.length} --claim-source {input.momentum} "
         "> {log} 2>&1"

@@ -6,11 +6,17 @@ sync ladder of its own optimizer, momentum and head (pairing.fractions, compute_
 statistic is computed per seed on the paired runs and then summarised over seeds with an interval. A seed on which a
 run a statistic needs diverged (or is missing) is dropped from it, counted in the record's `diverged` and named in
 its detail; a seed whose f lies outside its ladder makes the record "not measured" with that reason (f is never
-extrapolated, and averaging the other seeds would hide the one that left the ladder). Every claim is behind the
-transient gate of each optimizer it reads, at the budget it reads (pairing.transient, an equivalence test): "not
-measured" with "transient", "noisy" or "saturated" as the reason when the gate fails. A claim made of parts that
-read different optimizers (B3) is gated per part (issue 37): a part whose optimizers pass is decided whatever the
-others do, and only the gates every part shares sit on the claim itself.
+extrapolated, and averaging the other seeds would hide the one that left the ladder).
+
+The budget rule (issue 47, round 5; `budget_readings`): a claim is decided at T only if its verdict, by its own
+registry check on its own interval, is the same at T and at 2T (every cell it reads at twice the budget, each f
+against its own sync ladder), and the sync loss of every key it reads still falls from T to 2T (gate `sync_falls`).
+Else the record carries the failed gate `budget`, "the verdict moves with the budget", with both budgets' estimates
+and intervals and the paired change of each statistic labelled by what it shows (compute_fraction.drift_label).
+Round 4's gate asked whether f itself is the same at T and 2T (a TOST within +-0.05): the wrong question for a
+contrast (a common drift cannot flip a contrast of 0.24) and almost powerless at n = 5. Its reading is kept beside the
+rule: in the detail of the absolute-threshold claims B1-abs and B2, and per claim in `budget_table`. B7, whose
+statistic is itself a comparison across lengths, keeps its reference-length transient gate.
 
 Every async run a claim reads trains at its own schedule's LR (`lr~own`, issue 37: the paper does not state its
 practice, so each arm at its own best LR is the primary); the sync-tuned reading is the tables' secondary column.
@@ -22,11 +28,14 @@ Each record's `computed_by` names the function of this module that called the ev
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from scipy.stats import spearmanr
 
 from gradfidelity.claims.evidence import (
+    gate,
     level_for,
     mean_ci,
     not_measured,
@@ -34,10 +43,16 @@ from gradfidelity.claims.evidence import (
     weakest,
     with_parts,
 )
+from gradfidelity.claims.registry import load_registry
+from gradfidelity.claims.verdict import NOT_MEASURED
+from gradfidelity.claims.verify import judge
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.studies.async_pp.aggregate import read_runs
+from gradfidelity.studies.async_pp.compute_fraction import drift_label
 from gradfidelity.studies.async_pp.config import StudyConfig
-from gradfidelity.studies.async_pp.pairing import Fractions, Gaps, Spec, fractions, transient
+from gradfidelity.studies.async_pp.pairing import Fractions, Gaps, Spec, fractions, sync_falls, transient
+from gradfidelity.studies.async_pp.plan import gate_steps
+from gradfidelity.tables import write_table
 
 CLAIM_IDS = ("B1", "B1-abs", "B2", "B3", "B4", "B5-muon", "B5-adamw", "B6", "B7", "B8", "B9-sync_start",
              "B9-sync_cooldown", "B9-taylor")
@@ -50,12 +65,21 @@ B1_FACTOR = 3.0
 # per-part gates, B1's ratio on the log compute multiplier, issue 37; 2: lost compute and the transient gate, issue
 # 25); raised together with the rows whenever a metric changes, so that evidence of the old metric is never judged
 # by the new check.
-EVIDENCE_VERSION = 3
+EVIDENCE_VERSION = 4
+# The absolute-threshold claims whose records also show round 4's TOST reading beside the budget rule's (issue 47).
+TOST_READING = ("B1-abs", "B2")
+WEAKEST = "deciding comparison: "  # how claims.evidence.weakest names the comparison that decides
+_SEEDS = "_per_seed"  # the private key of a record's per-seed values (never written to the evidence file)
 
 
 def _gates(g: Gaps, cid: str, keys, steps: int | None = None) -> list[dict]:
-    """The transient gate of each (optimizer, momentum, head) the claim reads, at its budget."""
-    return [transient(g, o, momentum=m, head=h, steps=steps, level=level_for(cid))[0] for o, m, h in keys]
+    """The gate of each (optimizer, momentum, head) the claim reads, at its budget, by the view's gate mode: round
+    4's transient gate (the old reading), the budget rule's sync_falls at T, or none (the rule's reading at 2T)."""
+    if g.gate_mode == "none":
+        return []
+    check = transient if g.gate_mode == "transient" else sync_falls
+    out = [check(g, o, momentum=m, head=h, steps=steps, level=level_for(cid)) for o, m, h in keys]
+    return [x[0] if isinstance(x, tuple) else x for x in out]
 
 
 def _key(opt: str, momentum: float | None = None, head: str | None = None) -> tuple:
@@ -78,14 +102,23 @@ def _blocked(fr: Fractions, what: str, src: list[str], gates, *names: str) -> di
 
 
 def _stat(cid: str, fr: Fractions, values, what: str, src: list[str], gates) -> dict:
-    return mean_ci(values, level_for(cid), detail=f"{what}, per seed: {fr.p.per_seed(values)}{fr.p.dropped_note()}",
-                   gates=gates, **_kw(fr, src))
+    rec = mean_ci(values, level_for(cid), detail=f"{what}, per seed: {fr.p.per_seed(values)}{fr.p.dropped_note()}",
+                  gates=gates, **_kw(fr, src))
+    return _with_seeds(rec, fr, values)
 
 
 def _diff(cid: str, fr: Fractions, a, b, what: str, src: list[str], gates=None) -> dict:
-    return paired_difference(a, b, level_for(cid), gates=gates, **_kw(fr, src),
-                             detail=f"{what}, per seed: {fr.p.per_seed(np.asarray(a) - np.asarray(b))}"
-                                    f"{fr.p.dropped_note()}")
+    d = np.asarray(a) - np.asarray(b)
+    rec = paired_difference(a, b, level_for(cid), gates=gates, **_kw(fr, src),
+                            detail=f"{what}, per seed: {fr.p.per_seed(d)}{fr.p.dropped_note()}")
+    return _with_seeds(rec, fr, d)
+
+
+def _with_seeds(rec: dict, fr: Fractions, values) -> dict:
+    """The per-seed values behind a record, kept (under a private key, stripped before the file is written) so that
+    the budget rule can pair a statistic's change from T to 2T by seed."""
+    rec[_SEEDS] = {int(s): float(v) for s, v in zip(fr.p.seeds, values, strict=True)}
+    return rec
 
 
 def _b1(g: Gaps, src: list[str]) -> dict[str, dict]:
@@ -121,13 +154,12 @@ def _b2(g: Gaps, src: list[str]) -> dict:
 
 
 def _b3(g: Gaps, src: list[str]) -> dict:
-    """Per part (SOAP, Adan, Lion), each between AdamW and Muon, gated on its own optimizer's gate and paired on its
-    own seeds: a part whose optimizers pass is decided whatever the other parts' optimizers do (issue 37). The
-    claim carries the gates of AdamW and Muon, which every part reads."""
-    shared = _gates(g, "B3", [_key("adamw"), _key("muon")])
+    """Per part (SOAP, Adan, Lion), each between AdamW and Muon, paired on its own seeds. A part reads f of AdamW,
+    Muon and its own optimizer, so its gates are those three keys' (issue 47: round 4 gated a part on its own
+    optimizer only and called that "its own passing gate", though the part reads AdamW's and Muon's f too)."""
     parts, sources, dropped = {}, list(src), set()
     for o in B3_MIDDLE:
-        gate_o = _gates(g, "B3", [_key(o)])
+        gate_o = _gates(g, "B3", [_key("adamw"), _key("muon"), _key(o)])
         fr = fractions(g, {x: Spec(x, "2bw") for x in ("adamw", "muon", o)})
         sources += fr.p.sources
         dropped |= set(fr.p.dropped)
@@ -141,9 +173,9 @@ def _b3(g: Gaps, src: list[str]) -> dict:
         parts[o] = blocked or dict(weakest({
             f"muon - {o}": _diff("B3", fr, f["muon"], f[o], f"f(Muon) - f({o})", src),
             f"{o} - adamw": _diff("B3", fr, f[o], f["adamw"], f"f({o}) - f(AdamW)", src)}), gates=gate_o)
-    rec = with_parts(parts, gates=shared, sources=list(dict.fromkeys(sources)),
+    rec = with_parts(parts, sources=list(dict.fromkeys(sources)),
                      detail="f(AdamW) < f < f(Muon) for each of SOAP, Adan, Lion (both paired differences > 0); each "
-                            "part gated on its own optimizer (its record's gates), the claim on AdamW's and Muon's")
+                            "part gated on the three optimizers it reads (its record's gates)")
     if dropped:
         rec["diverged"] = len(dropped)
     return rec
@@ -258,12 +290,8 @@ def _b9(g: Gaps, mit: str, src: list[str]) -> dict:
                  src, gates)
 
 
-def claims(g: Gaps, scale: str, sources: list[str] | None = None) -> dict:
-    """The evidence file: one record per claim B1..B9 (see claims/evidence.py for the record's fields).
-
-    `sources` (runs.csv, the tables) are added to every record after the run directories behind it.
-    """
-    src = [str(s) for s in sources or []]
+def _all(g: Gaps, src: list[str]) -> dict[str, dict]:
+    """Every claim's record on the view g (its budget and gate mode)."""
     out: dict[str, dict] = {}
     out.update(_b1(g, src))
     out["B2"] = _b2(g, src)
@@ -272,15 +300,185 @@ def claims(g: Gaps, scale: str, sources: list[str] | None = None) -> dict:
     out["B5-muon"] = _b5(g, "muon", "B5-muon", src)
     out["B5-adamw"] = _b5(g, "adamw", "B5-adamw", src)
     out["B6"] = _b6(g, src)
+    for mit in ("sync_start", "sync_cooldown", "taylor"):
+        out[f"B9-{mit}"] = _b9(g, mit, src)
+    return out
+
+
+def _records(rec: dict) -> dict[str | None, dict]:
+    """The records a verdict is read from: the parts, else the record itself (key None)."""
+    return dict(rec["parts"]) if rec.get("parts") else {None: rec}
+
+
+def _checks(row: dict) -> dict[str | None, dict]:
+    return dict(row["check"]["parts"]) if row["check"].get("parts") else {None: row["check"]}
+
+
+def _reading(rec: dict) -> str:
+    if rec.get("estimate") is None:
+        return "no value"
+    if rec.get("low") is None:
+        return f"{rec['estimate']:+.4g} (n {rec['n']}, no interval)"
+    return f"{rec['estimate']:+.4g} [{rec['low']:+.4g}, {rec['high']:+.4g}] (n {rec['n']})"
+
+
+def _margin(check: dict, estimate: float) -> float:
+    """How far the statistic may move before its check changes: the distance from the estimate at T to the check's
+    nearest bound (the claim's margin for the change label)."""
+    if check["kind"] == "between":
+        return min(abs(estimate - b) for b in check["range"])
+    return abs(estimate - check["threshold"])
+
+
+def _change(at_T: dict, at_2T: dict, check: dict, level: float) -> dict | None:
+    """The statistic's change from T to 2T, paired by seed: {estimate, low, high, n, label}; None when it cannot be
+    paired (no value at a budget, fewer than 2 common seeds, or another comparison deciding)."""
+    a, b = at_T.get(_SEEDS), at_2T.get(_SEEDS)
+    if not a or not b or at_T.get("estimate") is None:
+        return None
+    if _deciding(at_T) != _deciding(at_2T):
+        return {"label": f"another comparison decides at 2T ({_deciding(at_T)} at T, {_deciding(at_2T)} at 2T)"}
+    common = sorted(set(a) & set(b))
+    if len(common) < 2:
+        return None
+    # rounded: a statistic the same at both budgets up to float error is no change (not "rises" by 1e-16)
+    d = mean_ci([round(b[s] - a[s], 12) for s in common], level)
+    if d["low"] is None:
+        return None
+    label = drift_label(d["low"], d["high"], _margin(check, at_T["estimate"]))
+    return {"estimate": d["estimate"], "low": d["low"], "high": d["high"], "n": d["n"], "label": label}
+
+
+def _deciding(rec: dict) -> str:
+    """The name of the comparison that decides a `weakest` record ('' for a record of one statistic)."""
+    detail = rec.get("detail", "")
+    return detail.split(";")[0].removeprefix(WEAKEST) if detail.startswith(WEAKEST) else ""
+
+
+@dataclass
+class BudgetReading:
+    """One claim under the budget rule (issue 47): its verdict at T and at 2T (each by its own check on its own
+    interval), the change of each statistic between them, and round 4's transient-gate verdict beside it."""
+
+    claim: str
+    T: int
+    verdict_T: str
+    why_T: str
+    verdict_2T: str
+    why_2T: str
+    verdict_old: str
+    why_old: str
+    parts: dict[str | None, tuple[str, str, dict | None]]  # part -> (reading at T, at 2T, change)
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict_T == self.verdict_2T and self.verdict_T != NOT_MEASURED
+
+    def change_text(self) -> str:
+        out = []
+        for part, (at_T, at_2T, ch) in self.parts.items():
+            name = f"{part}: " if part else ""
+            moved = "" if ch is None else (
+                f", change {ch['estimate']:+.4g} [{ch['low']:+.4g}, {ch['high']:+.4g}]: {ch['label']}"
+                if "estimate" in ch else f", {ch['label']}")
+            out.append(f"{name}T {at_T} -> 2T {at_2T}{moved}")
+        return "; ".join(out)
+
+    def gate(self) -> dict:
+        def verdict(v, why):
+            return f"{v}" + (f" ({why})" if v == NOT_MEASURED and why else "")
+        head = (f"verdict at T = {self.T}: {verdict(self.verdict_T, self.why_T)}; at 2T = {2 * self.T}: "
+                f"{verdict(self.verdict_2T, self.why_2T)}")
+        if not self.decided and self.verdict_T != NOT_MEASURED and self.verdict_2T != NOT_MEASURED:
+            head = f"the verdict moves with the budget: {head}"
+        return gate("budget", self.decided, f"{head}; {self.change_text()}")
+
+    def labels(self) -> str:
+        return "; ".join(f"{p + ': ' if p else ''}{ch['label']}" for p, (_, _, ch) in self.parts.items() if ch)
+
+
+def budget_readings(g: Gaps, scale: str, src: list[str] | None = None) -> tuple[dict[str, dict], dict]:
+    """(the records at T with their sync_falls gates, {claim: BudgetReading}) for every claim under the rule."""
+    src = list(src or [])
+    rows = {r["id"]: r for r in load_registry() if r["study"] == "async_pp"}
+    T = g.steps
+    at_T = _all(g.at(gate_mode="sync_falls"), src)
+    at_2T = _all(g.at(steps=gate_steps(T), gate_mode="none"), src)
+    old = _all(g.at(gate_mode="transient"), src)
+    readings = {}
+    for cid, rec in at_T.items():
+        row = rows[cid]
+        vT, wT = judge(row, _public(rec), True, scale)
+        v2, w2 = judge(row, _public(at_2T[cid]), True, scale)
+        vo, wo = judge(row, _public(old[cid]), True, scale)
+        parts = {}
+        for part, check in _checks(row).items():
+            r1, r2 = _records(rec).get(part, rec), _records(at_2T[cid]).get(part, at_2T[cid])
+            parts[part] = (_reading(r1), _reading(r2), _change(r1, r2, check, row["level"]))
+        readings[cid] = BudgetReading(cid, T, vT, wT, v2, w2, vo, wo, parts)
+    finals = {}
+    for cid, rec in at_T.items():
+        r = readings[cid]
+        detail = f"{rec.get('detail', '')}; budget rule: {r.change_text()}"
+        if cid in TOST_READING:
+            tost = [x for x in old[cid]["gates"]]
+            detail += "; round 4's transient gate (a reading since round 5): " + "; ".join(
+                f"{'pass' if x['passed'] else 'FAIL'}: {x['reason']}" for x in tost)
+        # The rule gates a verdict; where T has none (too few seeds, f off the ladder, a failed sync_falls), the
+        # record's own reason stands and the rule's reading is only shown.
+        gates = [*rec.get("gates", [])] + ([r.gate()] if r.verdict_T != NOT_MEASURED else [])
+        finals[cid] = dict(rec, gates=gates, detail=detail)
+    return finals, readings
+
+
+def budget_table(readings: dict) -> pd.DataFrame:
+    """Per claim: round 4's transient-gate verdict beside the budget rule's (issue 47), on the same runs."""
+    return pd.DataFrame([{
+        "claim": cid, "T": r.T, "old_verdict": r.verdict_old, "old_reason": r.why_old,
+        "verdict_T": r.verdict_T, "verdict_2T": r.verdict_2T,
+        "new_verdict": r.verdict_T if r.decided else NOT_MEASURED,
+        "changes": r.verdict_old != (r.verdict_T if r.decided else NOT_MEASURED),
+        "change_labels": r.labels(), "readings": r.change_text()} for cid, r in readings.items()])
+
+
+BUDGET_NOTE = (
+    "old = round 4's rule (every optimizer read passes the transient gate: a paired TOST of f(2T) - f(T) within "
+    "+-0.05 and the sync loss falls); new = the budget rule of round 5 (issue 47): a claim is decided at T only if "
+    "its own verdict is the same at T and at 2T, and the sync loss of every optimizer read still falls from T to "
+    "2T; changes: the two rules disagree on these runs; change_labels: the paired change of each statistic from T "
+    "to 2T: 'rises'/'falls with the budget' (its interval excludes 0), 'too few seeds' (it includes 0 and its "
+    "half-width exceeds the distance from the T estimate to the check's bound), 'no clear change' (it includes 0 "
+    "and is narrower). B7 (itself a comparison across lengths) and B8 (paper only) are outside the rule")
+
+
+def _public(rec: dict) -> dict:
+    """The record without the private per-seed key (recursively through its parts): what the file holds."""
+    out = {k: v for k, v in rec.items() if k != _SEEDS}
+    if "parts" in out:
+        out["parts"] = {k: _public(v) for k, v in out["parts"].items()}
+    return out
+
+
+def claims(g: Gaps, scale: str, sources: list[str] | None = None) -> dict:
+    """The evidence file: one record per claim B1..B9 (see claims/evidence.py for the record's fields).
+
+    `sources` (runs.csv, the tables) are added to every record after the run directories behind it.
+    """
+    src = [str(s) for s in sources or []]
+    out, _ = budget_readings(g, scale, src)
     out["B7"] = _b7(g, src)
     out["B8"] = not_measured("10B MoE at 200B tokens is paper-only and not built by this artifact (its shapes are "
                              "not public); it needs a GPU cluster", sources=src)
-    for mit in ("sync_start", "sync_cooldown", "taylor"):
-        out[f"B9-{mit}"] = _b9(g, mit, src)
     return {"study": "async_pp", "scale": scale, "evidence_version": EVIDENCE_VERSION,
-            "values": {cid: out[cid] for cid in CLAIM_IDS}}
+            "values": {cid: _public(out[cid]) for cid in CLAIM_IDS}}
 
 
-def write_claims(runs_csv: str, cfg: StudyConfig, scale: str, path: str, tables: list[str] | None = None) -> None:
-    atomic_write_json(path, claims(Gaps(read_runs(runs_csv, scale), cfg), scale,
-                                  [runs_csv, *(t for t in tables or [] if t)]))
+def write_claims(runs_csv: str, cfg: StudyConfig, scale: str, path: str, tables: list[str] | None = None,
+                 budget_table_path: str | None = None) -> None:
+    g = Gaps(read_runs(runs_csv, scale), cfg)
+    atomic_write_json(path, claims(g, scale, [runs_csv, *(t for t in tables or [] if t)]))
+    if budget_table_path:
+        _, readings = budget_readings(g, scale)
+        write_table(budget_table(readings), budget_table_path,
+                    title="Study B: round 4's transient gate against round 5's budget rule, per claim, on the same "
+                          "runs", notes=[BUDGET_NOTE])

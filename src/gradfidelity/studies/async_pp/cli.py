@@ -98,7 +98,7 @@ def _report(args) -> int:
         from gradfidelity.studies.async_pp.claims import write_claims
 
         write_claims(args.runs, cfg, args.scale, args.claims, [args.main_table, args.mitigations_table,
-                                                               *(args.claim_source or [])])
+                                                               *(args.claim_source or [])], args.budget_table)
     return 0
 
 
@@ -174,7 +174,7 @@ def register(sub) -> None:
     p.add_argument("--curves")
     p.add_argument("--scale", required=True)
     for opt in ("main-table", "mitigations-table", "length-table", "momentum-table", "fig-momentum", "fig-depth",
-                "fig-ladder", "fig-curves", "claims"):
+                "fig-ladder", "fig-curves", "claims", "budget-table"):
         p.add_argument(f"--{opt}")
     p.add_argument("--claim-source", action="append", help="a path (e.g. a table) to list among every claim "
                    "record's sources, after its run directories and runs.csv; repeatable")

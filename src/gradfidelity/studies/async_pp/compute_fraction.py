@@ -16,10 +16,11 @@ pipeline's throughput worth its delay?), and it does not shrink merely because t
 The transient gate (issue 37): a comparison at budget T means something only after the early transient (where the
 delay's cost still changes with T) and before saturation (where the sync loss no longer moves, so any two runs tie).
 It is an equivalence test, so that noisy data cannot pass it: f(2T) - f(T) must be shown to lie within
-+-EQUIVALENCE_MARGIN by a paired TOST. Its reasons say why it fails: "transient" (the interval is narrow enough to
-fit inside the margin but reaches outside it: f still moves with the budget), "noisy" (the interval is wider than
-the whole margin: no location could pass, more seeds are needed), and "saturated" (only when the sync loss does not
-fall from T to 2T: the paired fall's interval reaches 0).
++-EQUIVALENCE_MARGIN by a paired TOST. Its reasons say what the data show (`drift_label`, issue 47): "rises with the
+budget" or "falls with the budget" (the interval excludes 0: f moves with the budget, more seeds would not make it
+pass), "too few seeds" (it includes 0 and is wider than the margin), "no clear change", and "saturated" (only when the
+sync loss does not fall from T to 2T: the paired fall's interval reaches 0). Round 5 (issue 47) no longer decides
+the claims on this gate (claims.py: the budget rule); the tables show it as a reading.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def per_seed_fractions(budgets: Sequence[int], sync_final: np.ndarray, async_fin
 @dataclass(frozen=True)
 class TransientGate:
     passed: bool
-    reason: str  # "" when passed, else "transient" or "noisy", and/or "saturated" (joined by ", ")
+    reason: str  # "" when passed, else drift_label's label and/or "saturated" (joined by ", ")
     detail: str
     tost_p: float  # the TOST p value (the larger of the two one-sided p values): equivalence iff < alpha
 
@@ -109,13 +110,27 @@ def tost_confidence(level: float) -> float:
     return 2.0 * level - 1.0
 
 
+def drift_label(low: float, high: float, margin: float) -> str:
+    """What an interval of a change with the budget shows (issue 47; round 4 called an interval wider than 2 x margin
+    "noisy" even when it excluded 0, i.e. when f demonstrably moved): "rises with the budget" / "falls with the
+    budget" when it excludes 0; "too few seeds" when it includes 0 and its half-width exceeds `margin` (more seeds
+    would narrow it); else "no clear change" (it includes 0 and is narrower: neither a move nor its absence is
+    shown)."""
+    if low > 0:
+        return "rises with the budget"
+    if high < 0:
+        return "falls with the budget"
+    return "too few seeds" if (high - low) / 2 > margin else "no clear change"
+
+
 def transient_gate(f_T: Sequence[float], f_2T: Sequence[float], sync_T: Sequence[float],
                    sync_2T: Sequence[float], level: float, margin: float = EQUIVALENCE_MARGIN) -> TransientGate:
     """Is budget T past the early transient and short of saturation? Paired per seed:
     - left the transient: a paired TOST shows f(2T) - f(T) within +-margin (stats.paired.equivalence_tost: the
       (2 level - 1) t interval inside the margin; its p value from statsmodels' ttost_paired, which the interval
-      agrees with); else "noisy" when the interval is wider than the whole margin, 2 x margin (it could not fit
-      anywhere), "transient" when it could but does not;
+      agrees with); else the label says what the data show (`drift_label`, issue 47): "rises with the budget" or
+      "falls with the budget" when the interval excludes 0, "too few seeds" when it includes 0 and its half-width
+      exceeds the margin, "no clear change" when it includes 0, is that narrow and still reaches past the margin;
     - not saturated: the `level` t interval of the paired sync fall sync(T) - sync(2T) lies above 0."""
     from statsmodels.stats.weightstats import ttost_paired
 
@@ -130,7 +145,7 @@ def transient_gate(f_T: Sequence[float], f_2T: Sequence[float], sync_T: Sequence
     eq = equivalence_tost(f2, f1, margin, confidence=tost_confidence(level))
     p = float(ttost_paired(f2, f1, -margin, margin)[0]) if np.ptp(f2 - f1) > 0 else float(not eq["equivalent"])
     width = eq["ci_high"] - eq["ci_low"]
-    drift = "" if eq["equivalent"] else ("noisy" if width > 2 * margin else "transient")
+    drift = "" if eq["equivalent"] else drift_label(eq["ci_low"], eq["ci_high"], margin)
     fall = t_interval(s1 - s2, level)
     moving = fall.low is not None and fall.low > 0.0
     reasons = [r for r in (drift, "" if moving else "saturated") if r]

@@ -19,6 +19,7 @@ claims recover lost compute instead (claims.py).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -92,8 +93,14 @@ class Paired:
 class Gaps:
     """Paired-by-seed loss look-ups on runs.csv (one row per run: the cell keys, seed, status, final_val_loss)."""
 
+    # What claims.py puts on a claim as its gates (issue 47): "transient" (round 4's gate, the tables' reading),
+    # "sync_falls" (the budget rule at T: the sync loss of each key read still falls from T to 2T) or "none" (the
+    # budget rule's second reading, at 2T).
+    GATE_MODES = ("transient", "sync_falls", "none")
+
     def __init__(self, runs: pd.DataFrame, cfg: StudyConfig):
         self.runs, self.cfg = runs, cfg.need("seeds", "model", "train", "sweeps")
+        self.gate_mode = "transient"
         self.steps = cfg.train.steps
         self.seeds = list(range(cfg.seeds))
         self.head = main_head(cfg)
@@ -111,6 +118,18 @@ class Gaps:
             status = row["status"] if math.isfinite(loss) else "diverged"
             run_dir = row["run_dir"] if "run_dir" in cols and isinstance(row["run_dir"], str) else ""
             self._index[key] = (loss, status, run_dir)
+
+    def at(self, steps: int | None = None, gate_mode: str | None = None) -> Gaps:
+        """The same runs read at another main budget (every Spec without its own steps reads `steps`) and/or with
+        another gate mode: the budget rule reads each claim at T and at 2T through this view."""
+        view = copy.copy(self)
+        if steps is not None:
+            view.steps = int(steps)
+        if gate_mode is not None:
+            if gate_mode not in self.GATE_MODES:
+                raise ValueError(f"gate_mode {gate_mode!r} is not one of {self.GATE_MODES}")
+            view.gate_mode = gate_mode
+        return view
 
     @staticmethod
     def _key(lr, optimizer, head, schedule, mitigation, depth, momentum, steps, seed) -> tuple:
@@ -227,3 +246,25 @@ def transient(g: Gaps, optimizer: str, momentum: float | None = None, head: str 
     tg = transient_gate(fr.f["T"], fr.f["2T"], sync_T, sync_2T, level)
     info.update(passed=tg.passed, reason=tg.reason, fall=float(np.mean(sync_T - sync_2T)), tost_p=tg.tost_p)
     return gate("transient", tg.passed, f"{label}: {tg.reason + ': ' if tg.reason else ''}{tg.detail}"), info
+
+
+def sync_falls(g: Gaps, optimizer: str, momentum: float | None = None, head: str | None = None,
+               steps: int | None = None, level: float = 0.95) -> dict:
+    """The budget rule's precondition for one (optimizer, momentum, head) at T (issue 47): its sync loss still falls
+    from T to 2T (the `level` t interval of the paired fall sync(T) - sync(2T) above 0). On a flat ladder every f is
+    read off a plateau, so the two budgets' verdicts would agree for no reason."""
+    from gradfidelity.claims.evidence import gate
+    from gradfidelity.stats.intervals import t_interval
+    from gradfidelity.studies.async_pp.plan import gate_steps
+
+    T = int(steps or g.steps)
+    T2 = gate_steps(T)
+    label = Spec(optimizer, momentum=momentum, head=head).label() + f" from {T} to {T2} steps"
+    p = g.paired({"T": Spec(optimizer, momentum=momentum, steps=T, head=head, lr=TUNED),
+                  "2T": Spec(optimizer, momentum=momentum, steps=T2, head=head, lr=TUNED)})
+    if p.n < 2:
+        return gate("sync_falls", False, f"{label}: fewer than 2 paired seeds{p.dropped_note()}")
+    fall = t_interval(p["T"] - p["2T"], level)
+    ok = fall.low is not None and fall.low > 0.0
+    return gate("sync_falls", ok, f"{label}: the loss falls {fall.estimate:.4f} [{fall.low:.4f}, {fall.high:.4f}]"
+                                  f"{'' if ok else ' (does not fall: saturated)'}")

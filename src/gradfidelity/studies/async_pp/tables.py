@@ -25,9 +25,10 @@ from gradfidelity.tables import write_table
 GATE_NOTE = ("gate = the transient gate of the row's optimizer at the row's budget T (pairing.transient): pass when "
              "a paired TOST shows f(2T) - f(T) within +-0.05 (its 90% t interval inside the margin: the delay's "
              "cost has stopped changing with the budget) and the sync loss falls from T to 2T (its 95% interval "
-             "above 0); else 'transient' (a narrow interval reaching outside the margin), 'noisy' (an interval "
-             "wider than the margin: more seeds needed) and/or 'saturated' (the sync loss does not fall), and every "
-             "claim that reads the row is not measured")
+             "above 0); else 'rises with the budget' / 'falls with the budget' (the interval excludes 0), 'too few "
+             "seeds' (it includes 0 and its half-width exceeds the margin), 'no clear change' (it includes 0 and is "
+             "narrower), and/or 'saturated' (the sync loss does not fall). A reading, not the claims' rule: since "
+             "round 5 a claim is decided at T when its own verdict is the same at T and 2T (claims.py)")
 F_NOTE = ("f = S*/T: S* = the sync budget whose final loss equals the async run's, interpolated linearly in "
           "log(steps) between the ladder's budgets (each a full run with its own LR schedule) of the same optimizer, "
           "momentum, head and seed; lost_pct = 100 (1 - f), the compute the delay costs; f_low/f_high: the t "
