@@ -197,8 +197,9 @@ def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv:
         write_table(length_table(g), length_csv,
                     title="Study B: the sync ladder (does the loss still fall?) and f by training budget",
                     notes=[note, paired, "each budget is a separate run with its own full LR schedule (warmup, "
-                           f"constant, linear decay over the last {g.cfg.train.decay_frac:.0%}), at the LR chosen on "
-                           f"sync at {g.steps} steps; tokens = steps x tokens per step",
+                           f"constant, linear decay over the last {g.cfg.train.decay_frac:.0%}); the sync ladder at "
+                           f"the LR chosen on sync at {g.steps} steps, the 2bw runs of the f columns at their own LR "
+                           "(below); tokens = steps x tokens per step",
                            "fall_per_doubling = (sync at the budget below - sync here) / log2(ratio of the budgets) "
                            "per seed, then the mean; fall_se its standard error: a corpus in the paper's regime keeps "
                            "this clearly above 0 at every budget (the embedded corpus of round 2 did not)",
