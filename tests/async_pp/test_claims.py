@@ -9,7 +9,6 @@ than min_n, on a transient or saturated budget, or with f outside the sync ladde
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 import re
@@ -103,22 +102,12 @@ def _loss(world: dict, c) -> float:
     return sync_loss(world_f(world, c) * c.steps, c.seed)
 
 
-def _with_2T(cfg: StudyConfig) -> list:
-    """The plan's cells and every async cell at the main budget at twice it too (the budget rule reads each claim at
-    T and 2T; the plan trains the f keys' 2bw at 2T, the mitigations and depths at T)."""
-    planned = list(cells(cfg))
-    have = set(planned)
-    T0 = cfg.train.steps
-    return planned + [dataclasses.replace(c, steps=2 * T0) for c in planned
-                      if c.schedule != "sync" and c.steps == T0 and dataclasses.replace(c, steps=2 * T0) not in have]
-
-
 def _runs(world: dict, cfg: StudyConfig = CFG, loss=None) -> pd.DataFrame:
     loss = loss or (lambda c: _loss(world, c))
     return pd.DataFrame([{"optimizer": c.optimizer, "lr": c.lr, "head": c.head, "schedule": c.schedule,
                           "mitigation": c.mitigation, "depth": c.depth, "momentum": c.momentum, "steps": c.steps,
                           "seed": c.seed, "status": "ok", "final_val_loss": loss(c), "run_dir": c.dir(ROOT)}
-                         for c in _with_2T(cfg)])
+                         for c in cells(cfg)])
 
 
 def _diverge(runs: pd.DataFrame, mask) -> pd.DataFrame:

@@ -67,6 +67,23 @@ def test_plan_dedupes_shared_cells_and_paths_and_wildcards_agree():
     assert cell_from_wildcards(wc) == Cell("adamw", "x0.5", "tied", "sync", "none", 1, 0.9, 120, 100)
 
 
+def test_mitigations_and_depths_train_at_twice_the_budget_where_at_2T_asks():
+    """The budget rule reads B5, B6 and B9 at T and 2T (issue 47): with at_2T (the default) every mitigated and
+    every PipeDream cell trains at both budgets; with at_2T false (round 4's cpu runs) at T only."""
+    T = CFG.train.steps
+
+    def budgets(cfg):
+        cs = [c for c in cells(cfg) if c.lr == OWN and c.seed == 0]
+        return ({c.steps for c in cs if c.mitigation != "none"}, {c.steps for c in cs if c.schedule == "pipedream"})
+
+    assert CFG.sweeps.mitigation.at_2T and CFG.sweeps.depth.at_2T
+    assert budgets(CFG) == ({T, 2 * T}, {T, 2 * T})
+    section = copy.deepcopy(SMOKE)
+    section["sweeps"]["mitigation"]["at_2T"] = False
+    section["sweeps"]["depth"]["at_2T"] = False
+    assert budgets(study(section)) == ({T}, {T})
+
+
 def test_lr_grid_covers_every_arm_on_a_seed_outside_the_evaluation_seeds():
     """Issue 37: sync, 2bw and the depth sweep's PipeDream at each depth each get a grid of their own."""
     grid = grid_cells(CFG)
@@ -94,7 +111,7 @@ def test_lr_grid_covers_every_arm_on_a_seed_outside_the_evaluation_seeds():
 
 def test_every_f_key_gets_the_ladder_and_2bw_at_the_main_budget_and_twice_it():
     """The ladder trains at sync's LR; 2bw at T and 2T at its own LR, and at the sync-tuned LR too (the secondary
-    column) for the length table's optimizers at their default momentum; mitigations and PipeDream at their own."""
+    column) for the length table's optimizers at their default momentum; mitigations and PipeDream at their own, at T and 2T."""
     T = CFG.train.steps
     cs = cells(CFG)
     both = set(secondary_optimizers(CFG))
@@ -109,7 +126,7 @@ def test_every_f_key_gets_the_ladder_and_2bw_at_the_main_budget_and_twice_it():
     for lr in (OWN, TUNED):
         assert {c.steps for c in cs if c.schedule == "2bw" and c.optimizer == "muon" and c.mitigation == "none"
                 and c.momentum == 0.95 and c.lr == lr} == {*CFG.sweeps.length.steps, T, 2 * T}
-    assert {c.steps for c in cs if c.mitigation != "none"} == {T}
+    assert {c.steps for c in cs if c.mitigation != "none"} == {T, 2 * T}  # at_2T (the budget rule)
     grid = set(grid_cells(CFG))
     assert {c.lr for c in cs if (c.mitigation != "none" or c.schedule == "pipedream") and c not in grid} == {OWN}
 

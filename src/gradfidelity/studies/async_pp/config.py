@@ -170,6 +170,7 @@ class MainSweep:
 class MitigationSweep:
     optimizers: tuple[str, ...]
     mitigations: tuple[str, ...]
+    at_2T: bool  # also at twice train.steps (the budget rule reads B5 and B9 at T and 2T)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class DepthSweep:
     optimizers: tuple[str, ...]
     depths: tuple[int, ...]
     schedules: tuple[str, ...]
+    at_2T: bool  # also at twice train.steps (the budget rule reads B6 at T and 2T)
 
 
 @dataclass(frozen=True)

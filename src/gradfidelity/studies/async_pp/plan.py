@@ -189,13 +189,17 @@ def cells(cfg: StudyConfig) -> list[Cell]:
             add(opt, "sync", momentum=mom, n_steps=n, head=head)
         for n in (T, gate_steps(T)):
             add(opt, "2bw", momentum=mom, n_steps=n, head=head, lrs=lrs)
+    # the budget rule (claims.py) reads every claim at T and 2T: the mitigations and depths too, where asked
+    budgets = lambda at_2T: (T, gate_steps(T)) if at_2T else (T,)  # noqa: E731
     for opt in sw.mitigation.optimizers:
         for mit in sw.mitigation.mitigations:
-            add(opt, "2bw", mit)
+            for n in budgets(sw.mitigation.at_2T):
+                add(opt, "2bw", mit, n_steps=n)
     for opt in sw.depth.optimizers:  # config checks that every P fits the model's pipeline units
         for P in sw.depth.depths:
             for schedule in sw.depth.schedules:
-                add(opt, schedule, depth=P, head="untied")
+                for n in budgets(sw.depth.at_2T):
+                    add(opt, schedule, depth=P, head="untied", n_steps=n)
     for opt in sw.length.optimizers:
         for n in sw.length.steps:
             add(opt, "2bw", n_steps=n, lrs=(OWN, TUNED))
