@@ -89,3 +89,19 @@ def test_a_claim_none_of_whose_runs_was_rerun_reads_not_in_the_drift_sample():
     flags = drift_flags(_verdicts([{"id": "A5", "committed": "reproduced", "rerun": "inconclusive",
                                     "unchanged": False, "sampled_runs": 0}]))
     assert flags["A5"].startswith(NOT_SAMPLED)
+
+
+def test_a_measurement_of_evidence_that_has_changed_since_reads_stale_not_unchanged(tmp_path):
+    """The drift file recomputed A2 when its committed value was 0.5 (an earlier evidence version): it says nothing
+    about today's 0, so the report calls it stale instead of 'unchanged' or 'fragile'."""
+    from gradfidelity.claims.report import STALE
+
+    vpath = tmp_path / "verdicts_a_vs_b.csv"
+    _verdicts([{"id": "A2", "committed": "reproduced", "rerun": "not reproduced", "unchanged": False,
+                "committed_value": "0.5 exact", "rerun_value": "0.51 exact"}]).to_csv(vpath, index=False)
+    df = write_claims_report([_evidence(tmp_path)], tmp_path / "c.csv", tmp_path / "c.md", "cpu",
+                             drift_verdicts=[vpath])
+    flag = df.set_index("id").loc["A2", "hardware_drift"]
+    assert flag == f"{STALE}: reproduced, 0.5 exact (drift_avx2_vs_avx512.csv) then" and FRAGILE not in flag
+    md = (tmp_path / "c.md").read_text()
+    assert f"1 {STALE} (A2: rerun check-reference)" in md

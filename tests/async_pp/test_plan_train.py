@@ -111,7 +111,8 @@ def test_lr_grid_covers_every_arm_on_a_seed_outside_the_evaluation_seeds():
 
 def test_every_f_key_gets_the_ladder_and_2bw_at_the_main_budget_and_twice_it():
     """The ladder trains at sync's LR; 2bw at T and 2T at its own LR, and at the sync-tuned LR too (the secondary
-    column) for the length table's optimizers at their default momentum; mitigations and PipeDream at their own, at T and 2T."""
+    column) for the length table's optimizers at their default momentum; mitigations and PipeDream at their own,
+    at T and 2T."""
     T = CFG.train.steps
     cs = cells(CFG)
     both = set(secondary_optimizers(CFG))

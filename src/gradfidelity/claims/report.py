@@ -57,6 +57,7 @@ def counts_line(df: pd.DataFrame) -> str:
 FRAGILE = "fragile: flips within hardware drift"
 VALUE_MOVED = "value moved"  # an unchanged verdict whose value moved under the drift
 NOT_SAMPLED = "not in the drift sample"  # a recomputed claim none of whose runs was rerun
+STALE = "stale: recomputed from evidence that has changed since"  # a drift row whose committed side is not today's
 DRIFT_COLUMNS = {"id", "committed", "rerun", "unchanged", "committed_value", "rerun_value", "values", "source"}
 
 
@@ -71,6 +72,17 @@ def read_drift_verdicts(paths) -> pd.DataFrame:
                             "--measure-drift")
         frames.append(df)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=sorted(DRIFT_COLUMNS))
+
+
+def stale_drift_rows(verdicts: pd.DataFrame, current: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a drift measurement whose committed side is no longer the current evidence (its verdict or value
+    differs from verify's row today: the claim's metric or runs changed since, e.g. a raised evidence version). Such
+    a row says nothing about today's verdict."""
+    now = current.set_index("id")
+    stale = [i for i, r in verdicts.iterrows() if r["id"] in now.index and (
+        str(r["committed"]) != str(now.loc[r["id"], "verdict"])
+        or str(r["committed_value"]) != value_text(now.loc[r["id"]]))]
+    return verdicts.loc[stale]
 
 
 def drift_flags(verdicts: pd.DataFrame) -> dict[str, str]:
@@ -108,22 +120,31 @@ def drift_note(df: pd.DataFrame, flags: dict[str, str], scale: str) -> str:
                 "CPU's rounding; the metrics' own drift is in results/" + scale + "/reference/drift_*.csv.")
     fragile = [cid for cid in df["id"] if flags.get(cid, "").startswith(FRAGILE)]
     unsampled = [cid for cid in df["id"] if flags.get(cid, "").startswith(NOT_SAMPLED)]
+    stale = [cid for cid in df["id"] if flags.get(cid, "").startswith(STALE)]
     moved = [cid for cid in df["id"] if f"; {VALUE_MOVED}: " in flags.get(cid, "")]
     return (f"Hardware drift: {len(flags)} claims recomputed with the sampled runs' values rerun at another ISA "
             f"level; {len(fragile)} {FRAGILE}" + (f" ({', '.join(fragile)})" if fragile else "")
             + f"; {len(moved)} unchanged with a value that moved" + (f" ({', '.join(moved)})" if moved else "")
             + f"; {len(unsampled)} {NOT_SAMPLED}" + (f" ({', '.join(unsampled)})" if unsampled else "")
-            + f"; the other {len(flags) - len(fragile) - len(moved) - len(unsampled)} read a sampled run that "
+            + (f"; {len(stale)} {STALE} ({', '.join(stale)}: rerun check-reference)" if stale else "")
+            + f"; the other {len(flags) - len(fragile) - len(moved) - len(unsampled) - len(stale)} read a sampled "
+            "run that "
             f"repeated bit for bit or did not move their value; "
             f"{len(df) - len(flags)} not recomputed (column 'under hardware drift': empty).")
 
 
 def write_claims_report(evidence_paths, csv_path, md_path, scale: str, drift_verdicts=()) -> pd.DataFrame:
     df = verify(load_registry(), load_evidence(evidence_paths, scale), scale)
-    flags = drift_flags(read_drift_verdicts([Path(p) for p in drift_verdicts]))
-    unknown = sorted(set(flags) - set(df["id"]))
+    measured = read_drift_verdicts([Path(p) for p in drift_verdicts])
+    unknown = sorted(set(measured["id"]) - set(df["id"]))
     if unknown:
         raise UserError(f"drift verdicts name claims the registry does not have: {unknown}")
+    stale = stale_drift_rows(measured, df)
+    flags = drift_flags(measured.drop(stale.index))
+    for cid, rows in stale.groupby("id", sort=False):
+        if cid not in flags:  # every measurement of it predates today's evidence
+            flags[cid] = (f"{STALE}: " + "; ".join(f"{r.committed}, {r.committed_value} ({r.source})"
+                                                   for r in rows.itertuples()) + " then")
     df["hardware_drift"] = [flags.get(cid, "") for cid in df["id"]]
     shown = pd.DataFrame({
         "id": df["id"], "claim": df["statement"], "paper": df["paper_value"], "check": df["check"],
