@@ -152,3 +152,27 @@ def test_one_sided_p_is_scipys():
     x = [0.4, 1.1, -0.2, 0.9]
     assert one_sided_p(x) == pytest.approx(stats.ttest_1samp(x, 0.0, alternative="greater").pvalue)
     assert one_sided_p(x, "less") == pytest.approx(1 - one_sided_p(x))
+
+
+def test_effect_floors_on_hand_made_values():
+    """Study A's A6 (issue 46): the floors of a mean effect and of a per-seed |effect| on a zero-effect control."""
+    from gradfidelity.stats.effects import per_seed_floor, zero_effect_floor
+
+    # [0, 2]: the one split compares 0 with 2 (|difference| 2, one pair), scaled to 2 pairs by sqrt(1/2)
+    assert zero_effect_floor([0.0, 2.0]) == pytest.approx(2.0 / math.sqrt(2.0))
+    # [0, 2, 4]: ordered pairs of distinct seeds |0-2| |0-4| |2-4| twice each: mean 8/3
+    assert per_seed_floor([0.0, 2.0, 4.0]) == pytest.approx(8.0 / 3.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        zero_effect_floor([1.0, math.nan])
+
+
+def test_effect_floors_match_the_normal_theory_on_simulated_outcomes():
+    """Outcomes N(0, 1) per seed, an arm with no effect: a mean paired effect over n = 8 seeds has sd sqrt(2/8), so
+    E|mean| = sqrt(2/pi) / 2 = 0.399 (falls with n); a per-seed |effect| has E|X - X'| = 2 / sqrt(pi) = 1.128 (does
+    not). The split-half floor and the pair floor reproduce both on average."""
+    from gradfidelity.stats.effects import per_seed_floor, zero_effect_floor
+
+    rng = np.random.default_rng(7)
+    samples = rng.standard_normal((400, 8))
+    assert np.mean([zero_effect_floor(v) for v in samples]) == pytest.approx(math.sqrt(2 / math.pi) / 2, rel=0.06)
+    assert np.mean([per_seed_floor(v) for v in samples]) == pytest.approx(2 / math.sqrt(math.pi), rel=0.04)

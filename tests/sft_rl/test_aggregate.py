@@ -5,6 +5,7 @@ runs and each arm's start, gain and budget; an aggregation that reads each run's
 its path; a table interval that is the claims' interval on the same values."""
 
 import json
+import re
 import zlib
 
 import jsonschema
@@ -148,7 +149,7 @@ def evidence(tmp_path, cfg, **kw) -> dict:
     df = agg.collect(cfg, load_run_records(paths, scale=SCALE))
     ev = claims_mod.claims(df, cfg, SCALE, tables_of(tmp_path), constant_baseline(cfg))
     assert ev["study"] == "sft_rl" and ev["scale"] == SCALE and set(ev["values"]) == set(ROWS)
-    assert ev["evidence_version"] == claims_mod.EVIDENCE_VERSION == 3
+    assert ev["evidence_version"] == claims_mod.EVIDENCE_VERSION == 4
     for cid, rec in ev["values"].items():
         jsonschema.validate(rec, RECORD_SCHEMA)
         want = [GATE] if cid in ("A5", "A6") else [GATE, claims_mod.RL_GATE, claims_mod.ARMS_GATE]
@@ -431,8 +432,15 @@ def test_a8_holm_p_values_are_the_paired_t_tests(tmp_path):
     assert len(set(shown.values())) > 1  # the case tells the methods apart
 
 
-def test_a6_uses_absolute_effects(holds):
-    assert holds["A6"]["estimate"] == pytest.approx(abs(60 - 57) - abs(60 - 50), abs=1.5)
+def test_a6_compares_the_mean_effects_and_shows_both_floors_and_the_old_reading(holds):
+    """d = fixed - ds_bug = 10, a = fixed - agg_bug = 3 (plus scatter): |E[a]| < E[d] as the weaker of E[d] - E[a] = 7
+    and E[d] + E[a] = 13 (issue 46); the rounds 2-4 statistic mean(|a| - |d|) = -7 is shown beside it."""
+    rec = holds["A6"]
+    assert rec["estimate"] == pytest.approx((60 - 50) - (60 - 57), abs=1.5)
+    assert "deciding comparison: d - a" in rec["detail"] and re.search(r"d \+ a 12\.\d+ \[", rec["detail"])
+    assert "noise floor on the zero-effect control" in rec["detail"]
+    assert re.search(r"the rounds 2-4 statistic \(mean per-seed \|a\| - \|d\|, check < 0\), a reading: -[67]\.\d\d",
+                     rec["detail"]), rec["detail"]
 
 
 # ---------------------------------------------------------------- round 3 (issue 24): gates and the counted score

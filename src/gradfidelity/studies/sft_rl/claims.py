@@ -12,7 +12,8 @@ says which sets counted. The gates, each against the arm's own start rather than
 - `rl_learns` (A7, A8, A8-mech, A9): SFT-then-RL beats its own SFT start on `id` and its training reward rises,
   each on its interval; a comparison of RL recipes whose RL changes nothing compares their starts;
 - `arms_learned` (same claims): every mixed-policy arm beats its start (the base model) on the score.
-The claims: A5 paired difference fixed SFT - ds_bug SFT; A6 the per-seed |fixed - agg_bug| - |fixed - ds_bug| (a
+The claims: A5 paired difference fixed SFT - ds_bug SFT; A6 |E[fixed - agg_bug]| < E[fixed - ds_bug] as the weaker
+of two paired contrasts of the mean effects (round 5, issue 46: the old per-seed |effect| sat at its noise floor; a
 bug that helps is an effect too); A7 one paired part per mixed-policy method (intersection-union); A8 one paired
 difference per mixed method under `both` at the Holm level, the largest t deciding; A8-mech, per mixed method, how
 much SFT-then-RL's lead shrinks from `fixed` to `both` (the paper's explanation of the published ordering); A9
@@ -39,6 +40,7 @@ from gradfidelity.claims.evidence import (
     with_parts,
 )
 from gradfidelity.claims.verdict import Verdict
+from gradfidelity.stats.effects import per_seed_floor, zero_effect_floor
 from gradfidelity.stats.intervals import one_sided_p
 from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.aggregate import BASE, fifth_rise
@@ -50,7 +52,7 @@ from gradfidelity.studies.sft_rl.task import EVAL_SETS
 # gate, rl_learns, arms_learned, A8-mech and A9's recipe gate, issue 24; 3: A9's FLOPs part no longer gated on the
 # recipe's token ratio, issue 36); raised together with the rows whenever a metric changes, so that evidence of the
 # old metric is never judged by the new check.
-EVIDENCE_VERSION = 3
+EVIDENCE_VERSION = 4
 RL_GATE, ARMS_GATE = "rl_learns", "arms_learned"
 SCORE = "acc_counted"  # the claims' score: mean accuracy over the counted eval sets (counted_sets)
 # The paper recipe's demonstration:rollout tokens (LUFFY's 2,000 x 64 demonstrations against 500 x 128 x 8
@@ -276,17 +278,8 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
     fixed, ds_bug, agg_bug = (_arm(df, model, v, "sft") for v in ("fixed", "ds_bug", "agg_bug"))
     vals["A5"] = _difference("A5", fixed, ds_bug, "SFT score, fixed minus ds_bug", gates=gates, sources=src_abl)
 
-    # A6: absolute effects, per seed |fixed - agg_bug| - |fixed - ds_bug| (a bug that helps is an effect too)
-    if _missing(fixed, ds_bug, agg_bug):
-        vals["A6"] = not_measured(_missing(fixed, ds_bug, agg_bug), gates=gates, sources=src_abl)
-    else:
-        p = _pair(fixed, ds_bug, agg_bug)
-        f, d, a = p.values
-        detail = _join(f"per seed |fixed - agg_bug| - |fixed - ds_bug|, paired over seeds {p.seeds}: "
-                       f"mean (fixed - agg_bug) {np.mean(f - a) if p.seeds else math.nan:+.2f}, "
-                       f"mean (fixed - ds_bug) {np.mean(f - d) if p.seeds else math.nan:+.2f}", p.note)
-        vals["A6"] = mean_ci(np.abs(f - a) - np.abs(f - d), level_for("A6"), detail=detail, gates=gates,
-                             sources=p.sources + src_abl, diverged=p.diverged)
+    # A6 (round 5, issue 46): the sizes of the two mean effects, |mean(fixed - agg_bug)| - |mean(fixed - ds_bug)|
+    vals["A6"] = _a6(fixed, ds_bug, agg_bug, gates, src_abl)
 
     mixed = [m for m in plan.MIXED if m in cfg.methods]
     # A7: SFT-then-RL against every mixed-policy method, one paired part each (the registry's parts)
@@ -307,6 +300,42 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
     vals["A8-mech"] = _a8_mech(df, cfg, model, s_fixed, s_both, rl_gates, src_main, main)
     vals["A9"] = _a9(df, model, mixed, rl_gates, src_main, main)
     return _finish(vals, model, sets_note)
+
+
+def _a6(fixed: Arm, ds_bug: Arm, agg_bug: Arm, gates: list, src_abl: list[str]) -> dict:
+    """A6: is the aggregation bug's effect smaller than the optimizer bug's damage? Round 5 (issue 46) compares the
+    mean effects: with d = fixed - ds_bug and a = fixed - agg_bug per seed, |E[a]| < E[d] holds exactly when both
+    E[d - a] > 0 and E[d + a] > 0 (a bug that helps is an effect too, round 2's reason for absolute values), so the
+    claim is the weaker of the two paired contrasts (intersection-union, claims.evidence.weakest). Rounds 2-4's mean
+    per-seed |a| - |d| sat at its own noise floor: SFT accuracy is a take-off whose step varies by seed, so any
+    perturbation moves a seed by about the seed-to-seed spread, and E|per-seed effect| does not fall with n. Both
+    floors are measured on the zero-effect control (the fixed arm against itself across seeds, stats.effects) and
+    shown, with the old statistic's reading beside the new one."""
+    if _missing(fixed, ds_bug, agg_bug):
+        return not_measured(_missing(fixed, ds_bug, agg_bug), gates=gates, sources=src_abl)
+    p = _pair(fixed, ds_bug, agg_bug)
+    if len(p.seeds) < 2:
+        return not_measured(_join(f"fewer than 2 seeds with all three SFT arms finished ({p.seeds})", p.note),
+                            n=len(p.seeds), gates=gates, sources=p.sources + src_abl, diverged=p.diverged)
+    f, ds, agg = p.values
+    d, a = f - ds, f - agg
+    level = level_for("A6")
+    kw = {"gates": gates, "sources": p.sources + src_abl, "diverged": p.diverged}
+    rec = weakest({"d - a": mean_ci(d - a, level, detail="E[d] - E[a] (= agg_bug - ds_bug)", **kw),
+                   "d + a": mean_ci(d + a, level, detail="E[d] + E[a] (= 2 fixed - ds_bug - agg_bug)", **kw)})
+    old = mean_ci(np.abs(a) - np.abs(d), level)
+    floor_new, floor_old = zero_effect_floor(f), per_seed_floor(f)
+    rec["detail"] = _join(
+        f"d = fixed - ds_bug, a = fixed - agg_bug per seed over {p.seeds}: mean effects E[d] {d.mean():+.2f}, "
+        f"E[a] {a.mean():+.2f}; |E[a]| < E[d] iff E[d] - E[a] > 0 and E[d] + E[a] > 0, the weaker decides",
+        rec["detail"],
+        f"noise floor on the zero-effect control (the fixed arm against itself across seeds): {floor_new:.2f} "
+        f"points for a mean effect at n = {len(p.seeds)} (split halves), against E[d] {d.mean():+.2f} and E[a] "
+        f"{a.mean():+.2f}; the rounds 2-4 statistic's floor {floor_old:.2f} (mean |fixed_i - fixed_j|, i != j; "
+        f"it does not fall with n), against its per-seed effects mean|a| {np.mean(np.abs(a)):.2f} and mean|d| "
+        f"{np.mean(np.abs(d)):.2f}",
+        f"the rounds 2-4 statistic (mean per-seed |a| - |d|, check < 0), a reading: {_ci(old)}", p.note)
+    return rec
 
 
 def _finish(vals: dict, model: str, sets_note: str) -> dict:
