@@ -580,3 +580,24 @@ def test_main_table_shows_each_arms_start_gain_and_budget(tmp_path):
     write_tables(df1, one, *t["main"], *t["ablation"])
     table = pd.read_csv(t["main"][0], keep_default_na=False).set_index(["variant", "method"])
     assert table.loc[("fixed", "luffy"), "gain_id_ci95"] == "n/a"  # one pair: no interval
+
+
+def test_every_claim_shows_its_nll_reading_beside_the_accuracy_verdict(holds):
+    """Issue 46: the verdict stays on accuracy; nll_id, the continuous score, is read beside it with the sign turned
+    (> 0 reads as on accuracy). The test world sets nll_id = 1 - acc_id / 100, so A5's reading is the accuracy
+    difference / 100: (60 - 50) / 100 = +0.1 (plus the world's scatter)."""
+    for cid in ("A5", "A6", "A7", "A8", "A8-mech", "A9"):
+        assert "on nll_id, a reading (not a verdict; nats, sign turned" in holds[cid]["detail"], cid
+    got = float(re.search(r"on nll_id, a reading [^:]*: ([+-][\d.]+) \[", holds["A5"]["detail"]).group(1))
+    assert got == pytest.approx((holds["A5"]["estimate"]) / 100, abs=0.002)
+    assert "accuracy " in holds["A9"]["detail"].split("on nll_id")[1] and "flops" not in \
+        holds["A9"]["detail"].split("on nll_id")[1]  # the exact FLOPs part is the same on both scores
+
+
+def test_identical_a8_mech_parts_are_shown_as_one_number_with_the_reuse_as_the_reason(holds):
+    """The mixed arms under `both` read their `fixed` runs (plan reuse, tested in test_reuse.py), so every A8-mech
+    part is SFT-then-RL's own lead change: one number, said once."""
+    parts = holds["A8-mech"]["parts"]
+    assert len({(p["estimate"], p["low"], p["high"]) for p in parts.values()}) == 1
+    assert re.search(r"the parts vs_luffy, vs_srft, vs_relift, vs_hpt are one number, [+-][\d.]+ \[.*reuse their "
+                     r"`fixed` runs", holds["A8-mech"]["detail"]), holds["A8-mech"]["detail"]

@@ -55,6 +55,7 @@ from gradfidelity.studies.sft_rl.task import EVAL_SETS
 EVIDENCE_VERSION = 4
 RL_GATE, ARMS_GATE = "rl_learns", "arms_learned"
 SCORE = "acc_counted"  # the claims' score: mean accuracy over the counted eval sets (counted_sets)
+NLL = "nll_id"  # the continuous score read beside every claim's accuracy verdict (issue 46), never a verdict
 # The paper recipe's demonstration:rollout tokens (LUFFY's 2,000 x 64 demonstrations against 500 x 128 x 8
 # rollouts, about 1:4), printed beside A9's FLOPs part so a reader sees how far the budget is from it
 PAPER_DEMO_ROLLOUT_RATIO = 0.25
@@ -259,9 +260,14 @@ def _one_sided_p(rec: dict, diffs: np.ndarray) -> float:
     return one_sided_p(diffs, "greater")
 
 
-def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, tables: dict) -> dict:
+def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, tables: dict,
+                score: str = SCORE) -> dict:
+    """Every claim's record on `model`, scored on the counted sets' accuracy (SCORE, the verdicts'), or on `NLL`
+    turned in sign (the nll_id reading beside it, issue 46: > 0 reads as on accuracy)."""
     sets, sets_note = counted_sets(df, model, baseline)
-    df = df.assign(**{SCORE: df[[f"acc_{s}" for s in sets]].astype(float).mean(axis=1) if sets else math.nan})
+    value = -df[NLL].astype(float) if score == NLL else (
+        df[[f"acc_{s}" for s in sets]].astype(float).mean(axis=1) if sets else math.nan)
+    df = df.assign(**{SCORE: value})
     ref, ref_runs = reference_gate(df, model)
     rl, rl_runs = rl_gate(df, model)
     arms_ok, arms_runs = arms_gate(df, cfg, model, sets)
@@ -379,7 +385,7 @@ def _a8_mech(df: pd.DataFrame, cfg: StudyConfig, model: str, s_fixed: Arm, s_bot
              src_main: list[str], main: list[str]) -> dict:
     """A8-mech: the paper's mechanism, SFT-then-RL's lead over each mixed method shrinks under `both`: per method
     and seed (sft_then_rl - m)|fixed - (sft_then_rl - m)|both, the mean with its t interval (one part each)."""
-    parts, arms = {}, [s_fixed, s_both]
+    parts, arms, per_seed = {}, [s_fixed, s_both], {}
     for m in plan.MIXED:
         if m not in cfg.methods:
             parts[f"vs_{m}"] = not_measured(f"{m} not in sft_rl.methods", sources=main)
@@ -397,9 +403,17 @@ def _a8_mech(df: pd.DataFrame, cfg: StudyConfig, model: str, s_fixed: Arm, s_bot
         sf, mf, sb, mb = p.values
         detail = _join(f"(sft_then_rl - {m}) under fixed minus under both, paired over seeds {p.seeds}: lead "
                        f"fixed {np.mean(sf - mf):+.2f}, lead both {np.mean(sb - mb):+.2f}", p.note)
+        per_seed[f"vs_{m}"] = (tuple(p.seeds), tuple(np.round((sf - mf) - (sb - mb), 9)))  # float-error blind
         parts[f"vs_{m}"] = mean_ci((sf - mf) - (sb - mb), level_for("A8-mech"), detail=detail,
                                    sources=p.sources + main, diverged=p.diverged)
-    return _with_parts(parts, weakest(parts)["detail"], gates, src_main, *arms)
+    detail = weakest(parts)["detail"]
+    if len(per_seed) > 1 and len(set(per_seed.values())) == 1:
+        # issue 46: four identical parts read as four findings; they are one number, and the reason is tested
+        detail = _join(f"the parts {', '.join(per_seed)} are one number, {_ci(next(iter(parts.values())))}: the mixed "
+                       "arms under `both` reuse their `fixed` runs (a mixed arm starts from the base model with GA 1, "
+                       "so neither bug acts on it; its run on the buggy infrastructure is bit-identical, "
+                       "tests/sft_rl/test_reuse.py), so each part is SFT-then-RL's own lead, fixed - both", detail)
+    return _with_parts(parts, detail, gates, src_main, *arms)
 
 
 def _token_ratio(df: pd.DataFrame, model: str) -> str:
@@ -470,6 +484,24 @@ def _with_parts(parts: dict, detail: str, gates: list, sources: list[str], *arms
     return rec
 
 
+def _nll_reading(rec: dict, nll: dict) -> str:
+    """The same statistic on nll_id (sign turned), for the reader beside the accuracy verdict: the claim's own
+    estimate and interval, or each part's; exact parts (FLOPs) are the same on both scores and left out."""
+    def one(r: dict) -> str:
+        if r.get("exact"):
+            return ""
+        name = r.get("detail", "").split(";")[0].removeprefix("deciding comparison: ") \
+            if r.get("detail", "").startswith("deciding comparison: ") else ""
+        return _ci(r, 3) + (f" ({name} deciding)" if name else "")
+    texts = [f"{k} {one(v)}" for k, v in (nll.get("parts") or {}).items() if one(v)] if nll.get("parts") \
+        else [one(nll)]
+    texts = [t for t in texts if t]
+    if not texts:
+        return ""
+    return ("on nll_id, a reading (not a verdict; nats, sign turned so that > 0 reads as on accuracy): "
+            + "; ".join(texts))
+
+
 def _summary(rec: dict) -> str:
     if rec.get("parts"):
         return ", ".join(f"{k} {_summary(v)}" for k, v in rec["parts"].items())
@@ -487,6 +519,10 @@ def claims(df: pd.DataFrame, cfg: StudyConfig, scale: str, tables: dict, baselin
     `tables`: {"main": [paths], "ablation": [paths]}, the tables each claim cites as its sources."""
     baseline = constant_baseline(cfg) if baseline is None else baseline
     out = _claims_for(df, cfg, cfg.models[0].name, baseline, tables)
+    if NLL in df.columns:
+        nll = _claims_for(df, cfg, cfg.models[0].name, baseline, tables, score=NLL)
+        for cid, rec in out.items():
+            rec["detail"] = _join(rec.get("detail", ""), _nll_reading(rec, nll[cid]))
     for m in cfg.models[1:]:
         for cid, v in _claims_for(df, cfg, m.name, baseline, tables).items():
             out[cid]["detail"] += f"; other model {m.name}: {_summary(v)}"
