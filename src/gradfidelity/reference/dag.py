@@ -18,15 +18,17 @@ class Job:
     rule: str
     outputs: list[str]
     inputs: list[str] = field(default_factory=list)
+    checkpoint: bool = False  # a checkpoint: Snakemake re-plans its downstream once it has run
 
 
 def parse_dry_run(text: str) -> list[Job]:
     """The jobs of a `snakemake -n` listing: rule, outputs and inputs of each."""
     jobs, current = [], None
     for line in text.splitlines():
-        m = re.match(r"^(?:local)?rule (\S+):$", line.strip())
+        # a checkpoint is listed as "(local)checkpoint NAME:"; missed, its outputs would be read as the previous job's
+        m = re.match(r"^(?:local)?(rule|checkpoint) (\S+):$", line.strip())
         if m:
-            current = Job(m[1], [])
+            current = Job(m[2], [], checkpoint=m[1] == "checkpoint")
             jobs.append(current)
         elif current is not None and line.startswith("    input: "):
             current.inputs = [s.strip() for s in line[len("    input: "):].split(",")]
