@@ -105,28 +105,39 @@ def test_parts_split_by_whole_seeds():
 
 
 def test_check_rebuild_forces_analysis_jobs_only_and_leaves_out_studies_without_records(monkeypatch, tmp_path):
+    """The checkpoints come from the --forceall dry run (a "checkpoint" line is a job of its own, not more outputs of
+    the job before it); every other analysis output from `snakemake --summary`, which lists what lies downstream of
+    a checkpoint (round 5: study A's aggregate, tables and claims, which the dry run cannot list); a rule with any
+    record, bench or data output is never forced; a study without all its records is left out."""
     import subprocess
 
     import gradfidelity.rebuild as rebuild
 
     dry = """rule async_pp_train:
     output: results/cpu/async_pp/c/seed0/metrics.json
-rule async_pp_aggregate:
-    input: results/cpu/async_pp/c/seed0/metrics.json
-    output: results/cpu/async_pp/runs.csv, results/cpu/async_pp/curves.csv
+localcheckpoint async_pp_lr_round:
+    output: results/cpu/async_pp/lr_rounds/round0.json
 rule async_pp_bench:
     output: results/cpu/bench/async_pp.json
 rule local_data:
     output: results/cpu/local/data/enwik8/train.bin
-rule local_aggregate:
-    output: results/cpu/local/aggregate.csv
-rule runs_table:
-    output: results/cpu/runs/local.csv
-rule verify:
-    output: paper_tables/cpu/claims.csv
 """
-    monkeypatch.setattr(rebuild, "snakemake",
-                        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=dry, stderr=""))
-    assert rebuild.forced_outputs(tmp_path, "cpu", {"local"}) == ["paper_tables/cpu/claims.csv",
-                                                                  "results/cpu/async_pp/runs.csv"]
+    rows = [("results/cpu/async_pp/c/seed0/metrics.json", "async_pp_train"),
+            ("results/cpu/async_pp/c/seed0/curve.json", "async_pp_train"),  # a training rule's other output
+            ("results/cpu/async_pp/runs.csv", "async_pp_aggregate"),
+            ("results/cpu/async_pp/curves.csv", "async_pp_aggregate"),
+            ("results/cpu/sft_rl/aggregate.csv", "sft_rl_aggregate"),  # downstream of a checkpoint
+            ("results/cpu/bench/async_pp.json", "async_pp_bench"),
+            ("results/cpu/local/data/enwik8/train.bin", "local_data"),
+            ("results/cpu/local/aggregate.csv", "local_aggregate"),
+            ("results/cpu/runs/local.csv", "runs_table"),
+            ("paper_tables/cpu/claims.csv", "verify")]
+    summary = "output_file\tdate\trule\tlog-file(s)\tstatus\tplan\n" + "".join(
+        f"{out}\tSat Dec  5 10:00:00 2026\t{rule}\t-\tok\tno update\n" for out, rule in rows)
+    monkeypatch.setattr(rebuild, "snakemake", lambda work, args, *a, **k: subprocess.CompletedProcess(
+        args, 0, stdout=summary if "--summary" in args else dry, stderr=""))
+    checkpoints, others = rebuild.forced_outputs(tmp_path, "cpu", {"local"})
+    assert checkpoints == ["results/cpu/async_pp/lr_rounds/round0.json"]
+    assert others == ["paper_tables/cpu/claims.csv", "results/cpu/async_pp/curves.csv",
+                      "results/cpu/async_pp/runs.csv", "results/cpu/sft_rl/aggregate.csv"]
     assert rebuild.is_record_or_data("results/cpu/sft_rl/m/base/seed0/replay/metrics.json", "cpu")
