@@ -464,21 +464,26 @@ def claims(g: Gaps, scale: str, sources: list[str] | None = None) -> dict:
 
     `sources` (runs.csv, the tables) are added to every record after the run directories behind it.
     """
+    return _evidence(g, scale, sources)[0]
+
+
+def _evidence(g: Gaps, scale: str, sources: list[str] | None = None) -> tuple[dict, dict]:
+    """(the evidence file, the budget rule's readings): one pass over the runs serves both outputs."""
     src = [str(s) for s in sources or []]
-    out, _ = budget_readings(g, scale, src)
+    out, readings = budget_readings(g, scale, src)
     out["B7"] = _b7(g, src)
     out["B8"] = not_measured("10B MoE at 200B tokens is paper-only and not built by this artifact (its shapes are "
                              "not public); it needs a GPU cluster", sources=src)
-    return {"study": "async_pp", "scale": scale, "evidence_version": EVIDENCE_VERSION,
-            "values": {cid: _public(out[cid]) for cid in CLAIM_IDS}}
+    return ({"study": "async_pp", "scale": scale, "evidence_version": EVIDENCE_VERSION,
+             "values": {cid: _public(out[cid]) for cid in CLAIM_IDS}}, readings)
 
 
 def write_claims(runs_csv: str, cfg: StudyConfig, scale: str, path: str, tables: list[str] | None = None,
                  budget_table_path: str | None = None) -> None:
-    g = Gaps(read_runs(runs_csv, scale), cfg)
-    atomic_write_json(path, claims(g, scale, [runs_csv, *(t for t in tables or [] if t)]))
+    doc, readings = _evidence(Gaps(read_runs(runs_csv, scale), cfg), scale,
+                              [runs_csv, *(t for t in tables or [] if t)])
+    atomic_write_json(path, doc)
     if budget_table_path:
-        _, readings = budget_readings(g, scale)
         write_table(budget_table(readings), budget_table_path,
                     title="Study B: round 4's transient gate against round 5's budget rule, per claim, on the same "
                           "runs", notes=[BUDGET_NOTE])

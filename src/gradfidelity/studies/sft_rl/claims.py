@@ -284,7 +284,7 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
     fixed, ds_bug, agg_bug = (_arm(df, model, v, "sft") for v in ("fixed", "ds_bug", "agg_bug"))
     vals["A5"] = _difference("A5", fixed, ds_bug, "SFT score, fixed minus ds_bug", gates=gates, sources=src_abl)
 
-    # A6 (round 5, issue 46): the sizes of the two mean effects, |mean(fixed - agg_bug)| - |mean(fixed - ds_bug)|
+    # A6 (round 5, issue 46): |E[fixed - agg_bug]| < E[fixed - ds_bug], the weaker of two contrasts of mean effects
     vals["A6"] = _a6(fixed, ds_bug, agg_bug, gates, src_abl)
 
     mixed = [m for m in plan.MIXED if m in cfg.methods]
