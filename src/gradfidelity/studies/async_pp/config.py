@@ -71,6 +71,7 @@ class LrSelection:
     seed: int
     max_extensions: int
     near_tie_sd: dict[str, float]  # optimizer -> seed-to-seed sd (nats): a near-tie within it goes to the smaller LR
+    steps: int | None  # the grid runs' budget; None = train.steps (grid_budget)
 
     def __post_init__(self):
         unknown = sorted(set(self.near_tie_sd) - set(OPTIMIZERS))
@@ -211,6 +212,21 @@ class Ladder:
 
 
 @dataclass(frozen=True)
+class NearTieArm:
+    """An async arm whose LR choice was a near-tie, and the grid's best multiplier it also trains at."""
+
+    optimizer: str
+    momentum: float
+    schedule: str
+    depth: int
+    multiplier: float
+
+    def __post_init__(self):
+        if self.schedule.startswith("pipedream") != (self.depth > 1):
+            raise _bad("sweeps.near_tie", f"{self}: depth > 1 is PipeDream's, and PipeDream's depth is > 1")
+
+
+@dataclass(frozen=True)
 class Sweeps:
     main: MainSweep
     mitigation: MitigationSweep
@@ -218,6 +234,7 @@ class Sweeps:
     depth: DepthSweep
     length: LengthSweep
     ladder: Ladder
+    near_tie: tuple[NearTieArm, ...]
 
 
 @dataclass(frozen=True)

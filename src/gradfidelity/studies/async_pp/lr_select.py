@@ -1,16 +1,17 @@
 """The learning-rate selection rule of study B, fixed before any async run (issue 13, item 1; grown in issue 25).
 
 Rule: per arm (plan.arm_keys: optimizer, momentum, schedule, depth; the schedules are sync, 2bw and the depth
-sweep's PipeDream at each depth), train the arm's schedule at every multiplier m of config `lr_selection.multipliers`
-times the optimizer's default LR (config.DEFAULTS), on the selection seed `lr_selection.seed` (not an evaluation
-seed), for the main budget `train.steps`. While the lowest final validation loss sits at an edge of the grid, add
-one point 2x past that edge and train it (a round; at most `lr_selection.max_extensions` past one edge). Then choose
-the multiplier with the lowest final loss (diverged runs excluded; a tie goes to the smaller LR), unless the next
-smaller point is within the optimizer's seed-to-seed sd (`lr_selection.near_tie_sd`, fixed before the run from the
-previous round's seeds): then that smaller LR, recorded as a near-tie (issue 37: on one selection seed AdamW-0.95's
-8x beat 4x by 0.008 nats and Adan's 16x beat 8x by 0.01, and Adan's evaluation seeds were unstable at 16x). The sync
-arm's choice is `lr~tuned` (every sync cell, and the async cells of the secondary column); an async arm's choice is
-`lr~own` (its cells, and the mitigations on top of it).
+sweep's PipeDream at each depth), train the arm's schedule at every multiplier m of config
+`lr_selection.multipliers` times the optimizer's default LR (config.DEFAULTS), on the selection seed
+`lr_selection.seed` (not an evaluation seed), for the grid budget `lr_selection.steps` (default: the main budget
+`train.steps`). While the lowest final validation loss sits at an edge of the grid, add one point 2x past that edge
+and train it (a round; at most `lr_selection.max_extensions` past one edge). Then choose the multiplier with the
+lowest final loss (diverged runs excluded; a tie goes to the smaller LR), unless the next smaller point is within
+the optimizer's seed-to-seed sd (`lr_selection.near_tie_sd`, fixed before the run from the previous round's seeds):
+then that smaller LR, recorded as a near-tie (issue 37: on one selection seed AdamW-0.95's 8x beat 4x by 0.008 nats
+and Adan's 16x beat 8x by 0.01, and Adan's evaluation seeds were unstable at 16x). The sync arm's choice is
+`lr~tuned` (every sync cell, and the async cells of the secondary column); an async arm's choice is `lr~own` (its
+cells, and the mitigations on top of it).
 
 Why grow the grid: in round 2 Adan, Lion and MARS won at the top of a fixed grid, and Adan at 8x was 0.04 nats
 better than at 4x: its delay gap was measured under-tuned. Why per momentum: the best LR moves with the momentum,

@@ -26,6 +26,7 @@ Sweeps (config `sweeps`); T = train.steps, f = the effective compute fraction (c
 - momentum:   those keys for each optimizer x momentum, each with its own LR             (B4)
 - depth:      optimizer x P x {pipedream, pipedream_vsync} at T, untied head (with its own keys)   (B6)
 - length:     optimizer x 2bw at each length (a doubling series inside the ladder), at both LRs     (B7)
+- near_tie:   an async arm whose LR was a near-tie, also at the grid's best LR, at T and 2T     (both LRs)
 """
 
 from __future__ import annotations
@@ -136,7 +137,15 @@ def grid_cell(cfg: StudyConfig, optimizer: str, momentum: float, multiplier: flo
     the main budget and model (PipeDream untied: a tied head cannot be fresh at its last stage)."""
     head = "untied" if schedule.startswith("pipedream") else main_head(cfg)
     return Cell(optimizer, lr_label(multiplier), head, schedule, "none", int(depth), float(momentum),
-                cfg.train.steps, cfg.lr_selection.seed)
+                grid_budget(cfg), cfg.lr_selection.seed)
+
+
+def grid_budget(cfg: StudyConfig) -> int:
+    """The grid runs' budget: `lr_selection.steps`, else the main budget. Why a key of its own: when the main budget
+    moves (cpu, round 5: 256 -> 512 steps), keeping the committed selection is a choice the config states, not a
+    grid rerun at the new budget that nobody asked for."""
+    steps = cfg.lr_selection.steps
+    return int(cfg.train.steps if steps is None else steps)
 
 
 def grid_cells(cfg: StudyConfig, extension: list[dict] | None = None) -> list[Cell]:
@@ -203,6 +212,12 @@ def cells(cfg: StudyConfig) -> list[Cell]:
     for opt in sw.length.optimizers:
         for n in sw.length.steps:
             add(opt, "2bw", n_steps=n, lrs=(OWN, TUNED))
+    # a near-tie arm also at the grid's best LR, at T and 2T (its claims are read at both LRs, issue 47)
+    for arm in sw.near_tie:
+        head = "untied" if arm.schedule.startswith("pipedream") else head0
+        for n in (T, gate_steps(T)):
+            add(arm.optimizer, arm.schedule, depth=arm.depth, momentum=arm.momentum, n_steps=n, head=head,
+                lrs=(lr_label(arm.multiplier),))
     return sorted(out)
 
 
