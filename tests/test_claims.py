@@ -91,6 +91,23 @@ def test_a_failed_gate_is_not_measured_with_its_reason():
     assert reason == "gate failed: reference_learned: fixed SFT 20% vs constant answer 23%"
 
 
+def test_behind_a_failed_gate_a_parts_claim_shows_its_parts_as_a_one_number_claim_shows_its_estimate():
+    """Issue 46: A8 (one number) showed its estimate behind the failed arms_learned gate while A7, A8-mech and A9
+    (parts) showed none. Both kinds now show their numbers; identical parts are named together once."""
+    failed = [ev.gate("arms_learned", False, "arm did not learn")]
+    single = rec(-4.04, -9.0, 1.0, gates=failed)
+    parts_row = dict(ROW, id="X2", check={"kind": "true", "parts": {"a": {"kind": "gt", "threshold": 0.0},
+                                                                      "b": {"kind": "gt", "threshold": 0.0},
+                                                                      "c": {"kind": "gt", "threshold": 0.0}}})
+    parted = ev.with_parts({"a": rec(36.73, 20.98, 52.48), "b": rec(36.73, 20.98, 52.48), "c": rec(40.5, 22.7, 58.3)},
+                           gates=failed)
+    df = verify([ROW, parts_row], {"s": {"study": "s", "values": {"X1": single, "X2": parted}}}, "cpu")
+    df = df.set_index("id")
+    assert (df["verdict"] == NOT_MEASURED).all()
+    assert df.loc["X1", "estimate"] == -4.04 and df.loc["X1", "parts"] == ""
+    assert df.loc["X2", "parts"] == "a, b +36.73 [+20.98, +52.48]; c +40.5 [+22.7, +58.3]"
+
+
 def test_scale_missing_study_missing_value_and_null_are_not_measured():
     assert judge(ROW, rec(5.0, 4.0, 6.0), True, "paper") == (NOT_MEASURED, "measurable at smoke, cpu only")
     assert judge(ROW, None, False, "cpu")[0] == NOT_MEASURED

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from gradfidelity.stats.intervals import median_interval
-from gradfidelity.studies.async_pp.bench import batch_bound, step_cost, summarize
+from gradfidelity.studies.async_pp.bench import batch_bound, step_cost, summarize, wait_attribution
 from tests.async_pp._cfg import study
 
 
@@ -80,3 +80,33 @@ def test_step_cost_reports_every_arm_and_ratio_per_optimizer():
         [a / b for a, b in zip(r["per_round_ms"]["sync"], r["per_round_ms"]["plain"], strict=True)])
     assert r["ratio_2bw"] == pytest.approx(sum(r["per_round_ratio"]["2bw"]) / 2)  # the median of two
     assert out["eval_ms"] > 0 and out["threads"] >= 1
+
+
+def _waits(waits: list[float], msgs: int) -> dict:
+    return {"timing": [{"recv_wait_s": w, "recv_n": msgs} for w in waits]}
+
+
+def test_the_receive_wait_splits_into_messages_times_latency_and_the_schedule():
+    """Issue 47, item 4: 48 messages at 1 ms one-way (round trips of 2 ms) are 0.048 s of a stage's wait; the rest of
+    a 0.3 s wait is the schedule's. A wait made of latency alone reads "latency"."""
+    res = {}
+    for r in range(3):
+        res[f"sync_{r}"] = _waits([0.5 + r * 0.01, 0.6], 48)
+        res[f"2bw_{r}"] = _waits([0.30, 0.28 + r * 0.02], 48)
+    out = wait_attribution(res, repeats=3, round_trip_s=[0.002] * 9 + [0.004])
+    assert out["one_way_latency_s"]["median"] == pytest.approx(0.001)
+    st = out["2bw"]["stages"]
+    assert [x["recv_wait_s_median"] for x in st] == pytest.approx([0.30, 0.30])
+    assert [x["latency_part_s"] for x in st] == pytest.approx([0.048, 0.048])
+    assert [x["schedule_part_s"] for x in st] == pytest.approx([0.252, 0.252])
+    assert out["2bw"]["latency_share"] == pytest.approx(0.16) and out["larger_part_2bw"] == "schedule"
+    assert out["sync"]["stages"][0]["recv_wait_s_median"] == pytest.approx(0.51)
+    lat = wait_attribution({f"{s}_0": _waits([0.05, 0.05], 48) for s in ("sync", "2bw")}, 1, [0.002])
+    assert lat["2bw"]["latency_share"] == pytest.approx(0.96) and lat["larger_part_2bw"] == "latency"
+
+
+def test_a_stage_whose_message_count_changes_across_repeats_is_refused():
+    res = {"sync_0": _waits([0.1], 48), "sync_1": _waits([0.1], 47), "2bw_0": _waits([0.1], 48),
+           "2bw_1": _waits([0.1], 48)}
+    with pytest.raises(RuntimeError, match="received"):
+        wait_attribution(res, repeats=2, round_trip_s=[0.002])

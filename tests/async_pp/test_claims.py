@@ -26,9 +26,11 @@ from gradfidelity.studies.async_pp.aggregate import aggregate
 from gradfidelity.studies.async_pp.claims import (
     CLAIM_IDS,
     EVIDENCE_VERSION,
+    _evidence,
     budget_readings,
     budget_table,
     claims,
+    near_tie_arms,
     write_claims,
 )
 from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS, StudyConfig
@@ -416,6 +418,12 @@ def test_length_table_shows_the_fall_per_doubling_f_and_the_gate_per_row():
     assert muon.loc[120, "gate"].startswith("n/a") and math.isnan(muon.loc[5, "f"])
     assert table.loc[("adamw", 15), "gate"] != "pass" and math.isnan(table.loc[("adamw", 15), "f"])  # no 2bw there
     assert muon.loc[30, "tokens"] == 30 * CFG.train.batch_size * CFG.train.seq_len
+    assert muon["tokens_per_param"].isna().all()  # a runs table without n_params: nan, not a made-up number
+    # with the runs' own parameter count and epochs (issue 47: how far the ladder's top is from ~20 tokens/param)
+    runs["n_params"], runs["epochs"] = 1000, runs["steps"] / 240
+    muon = length_table(Gaps(runs, CFG)).set_index(["optimizer", "steps"]).loc["muon"]
+    assert muon.loc[120, "tokens_per_param"] == pytest.approx(120 * CFG.train.batch_size * CFG.train.seq_len / 1000)
+    assert muon.loc[120, "epochs"] == pytest.approx(0.5)
 
 
 def test_length_table_reports_f_at_both_lr_choices():
@@ -574,3 +582,52 @@ def test_cli_aggregate_and_report_with_scale(tmp_path, monkeypatch):
     assert (tmp_path / "mom.md").exists() and (tmp_path / "len.md").exists()
     assert main(["async-pp-report", "--cfg", c, "--runs", str(runs_csv), "--scale", "cpu", "--claims",
                  str(out)]) == 2  # runs.csv of another scale
+
+
+def _selection(adamw_near_tie: bool = True) -> pd.DataFrame:
+    """An LR-selection table: AdamW 0.9's 2bw a near-tie (best x1, as smoke's sweeps.near_tie lists), Muon's 2bw a
+    near-tie whose best is sync's choice (read at lr~tuned), Adan's sync arm a near-tie (no second ladder)."""
+    row = lambda o, m, s, chosen, best, near: {  # noqa: E731
+        "optimizer": o, "momentum": m, "schedule": s, "depth": 1, "chosen_multiplier": chosen,
+        "best_multiplier": best, "near_tie": near}
+    return pd.DataFrame([row("adamw", 0.9, "sync", 1.0, 1.0, False), row("adamw", 0.9, "2bw", 0.5, 1.0, adamw_near_tie),
+                         row("muon", 0.95, "sync", 1.0, 1.0, False), row("muon", 0.95, "2bw", 0.5, 1.0, True),
+                         row("adan", 0.98, "sync", 0.5, 1.0, True)])
+
+
+def test_near_tie_arms_read_their_own_cells_or_the_tuned_ones_and_a_listed_non_tie_is_refused():
+    arms, untrained = near_tie_arms(CFG, _selection())
+    assert arms == {("adamw", 0.9, "2bw", 1): "x1", ("muon", 0.95, "2bw", 1): "tuned"}
+    assert untrained == ["adan 0.98 sync (best x1)"]
+    with pytest.raises(UserError, match="sweeps.near_tie.*not a near-tie"):
+        near_tie_arms(CFG, _selection(adamw_near_tie=False))
+
+
+def test_a_claim_is_reported_at_both_lrs_of_a_near_tie_and_its_verdict_may_differ():
+    """Issue 47: AdamW 0.9's 2bw at the grid's best LR (x1) keeps f = 0.9 instead of 0.3. B1-abs (AdamW loses more
+    than 60% of its compute) holds at the chosen LR and fails at the other: the table shows both, and the claim's
+    own verdict stays the chosen LR's (reported, not gated). A mitigation claim on AdamW reads not measured there
+    (its cells train at the chosen LR only); a claim that reads no near-tie arm (B7 reads Muon's lengths, and Muon's
+    other LR is lr~tuned, trained for its length table) is listed only where its reads change."""
+    def loss(c):
+        if c.optimizer == "adamw" and c.lr == "x1" and c.seed < CFG.seeds:
+            return sync_loss((0.9 + 0.0002 * c.seed * math.log2(c.steps / T)) * c.steps, c.seed)
+        return _loss(HOLDS, c)
+
+    runs = _runs(HOLDS, loss=loss)
+    doc, _, near, untrained = _evidence(Gaps(runs, CFG), "cpu", ["runs.csv"], _selection())
+    table = pd.DataFrame(near).set_index("claim")
+    assert table.loc["B1-abs", "verdict_own_lr"] == REPRODUCED
+    assert table.loc["B1-abs", "verdict_near_tie_lr"] == NOT_REPRODUCED and not table.loc["B1-abs", "same"]
+    # B1-abs's record reads Muon's f too (the pair it is computed on): both near-tie arms are named
+    assert table.loc["B1-abs", "near_tie_arms"] == "adamw 0.9 2bw at lr~x1; muon 0.95 2bw at lr~tuned"
+    assert table.loc["B5-adamw", "verdict_near_tie_lr"] == NOT_MEASURED
+    assert "not trained at the near-tie LR" in table.loc["B5-adamw", "why_near_tie_lr"]
+    assert table.loc["B2", "same"] and "muon 0.95 2bw at lr~tuned" in table.loc["B2", "near_tie_arms"]
+    assert untrained == ["adan 0.98 sync (best x1)"]
+    rec = doc["values"]["B1-abs"]
+    assert judge(ROWS["B1-abs"], rec, True, "cpu")[0] == REPRODUCED  # the chosen LR's verdict stands
+    assert "near-tie reading (adamw 0.9 2bw at lr~x1; muon 0.95 2bw at lr~tuned): " + NOT_REPRODUCED in rec["detail"]
+    # without a selection table nothing is read at another LR, and the evidence is the same but for the detail
+    plain, _, none, _ = _evidence(Gaps(runs, CFG), "cpu", ["runs.csv"])
+    assert none == [] and plain["values"]["B3"]["estimate"] == doc["values"]["B3"]["estimate"]

@@ -91,3 +91,20 @@ def test_bad_pipeline_config_fails_before_spawning():
                      [PipeJob("x", "2bw", "adamw", 2)])
     with pytest.raises(UserError, match="stall"):
         run_pipeline(SETUP, [PipeJob("x", "2bw", "adamw", 2, n_micro=1)])
+
+
+def test_the_ping_pong_measures_round_trips_and_each_stage_counts_its_messages():
+    """Issue 47, item 4: the bench splits the receive wait into messages x latency and the schedule. The round trips
+    come back from the process group the jobs run in, and every stage counts the messages it received: the last
+    stage one activation per micro-batch, the first one gradient per micro-batch, a middle stage both."""
+    latency: dict = {}
+    job = PipeJob("2bw", "2bw", "adamw", 3, n_micro=2)
+    res = run_pipeline(SETUP, [job], latency=latency, latency_rounds=4)
+    assert len(latency["round_trip_s"]) == 4 and all(t > 0 for t in latency["round_trip_s"])
+    assert latency["shape"] == [SETUP.batch_size // 2, SETUP.seq_len, MODEL.d_model]
+    assert [t["recv_n"] for t in res["2bw"]["timing"]] == [3 * 2, 2 * 3 * 2, 3 * 2]
+
+
+def test_the_ping_pong_refuses_jobs_whose_messages_differ_in_shape():
+    with pytest.raises(UserError, match="one shape"):
+        run_pipeline(SETUP, [JOBS[0], JOBS[2]], latency={}, latency_rounds=4)  # 2 micro-batches against 1

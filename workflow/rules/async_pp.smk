@@ -216,6 +216,8 @@ rule async_pp_claims:
         claims=f"{RESULTS}/claims/async_pp.json",
         budget=f"{TABLES}/async_pp_budget_rule.csv",
         budget_md=report(f"{TABLES}/async_pp_budget_rule.md", category="async_pp"),
+        near_tie=f"{TABLES}/async_pp_near_tie.csv",
+        near_tie_md=report(f"{TABLES}/async_pp_near_tie.md", category="async_pp"),
     params:
         cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "claims"),
         gf=GF,
@@ -229,7 +231,8 @@ rule async_pp_claims:
         **rule_resources("async_pp_claims"),
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} "
-        "--claims {output.claims} --budget-table {output.budget} "
+        "--claims {output.claims} --budget-table {output.budget} --near-tie-table {output.near_tie} "
+        "--lr-selection-table {input.lr_selection} "
         "--claim-source {input.main} --claim-source {input.mitigations} --claim-source {input.lr_selection} "
         "--claim-source {input.length} --claim-source {input.momentum} "
         "> {log} 2>&1"

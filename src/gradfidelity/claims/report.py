@@ -148,7 +148,10 @@ def write_claims_report(evidence_paths, csv_path, md_path, scale: str, drift_ver
     df["hardware_drift"] = [flags.get(cid, "") for cid in df["id"]]
     shown = pd.DataFrame({
         "id": df["id"], "claim": df["statement"], "paper": df["paper_value"], "check": df["check"],
-        "estimate": df["estimate"].map(_num), "interval": df.apply(interval_text, axis=1),
+        # a parts claim's numbers are its parts' (verify.parts_text), shown whatever its gates say
+        "estimate": [p if isinstance(p, str) and p else _num(e) for e, p in zip(df["estimate"], df["parts"],
+                                                                                   strict=True)],
+        "interval": df.apply(interval_text, axis=1),
         "n / min_n": [f"{'' if pd.isna(n) else int(n)} / {m}" for n, m in zip(df["n"], df["min_n"], strict=True)],
         "gates": df["gates"], "verdict": df["verdict"], "why this verdict": df["reason"], "detail": df["detail"],
     })

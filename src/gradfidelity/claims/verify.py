@@ -217,6 +217,23 @@ def _gates_text(rec: dict) -> str:
     return "; ".join(out)
 
 
+def parts_text(rec: dict) -> str:
+    """A parts record's numbers as one cell, "name est [low, high]; ...", every part whatever the gates say (issue
+    46: behind a failed gate, every claim shows its estimate, or none does; a one-number record shows its estimate
+    column). Parts with the same numbers are named together once (A8-mech's four parts are one reused number)."""
+    groups: dict[str, list[str]] = {}
+    for name, part in (rec.get("parts") or {}).items():
+        est = part.get("estimate")
+        if est is None:
+            value = "no value"
+        elif part.get("exact") or part.get("low") is None:
+            value = f"{est:+.4g}" + (" exact" if part.get("exact") else "")
+        else:
+            value = f"{est:+.4g} [{part['low']:+.4g}, {part['high']:+.4g}]"
+        groups.setdefault(value, []).append(name)
+    return "; ".join(f"{', '.join(names)} {value}" for value, names in groups.items())
+
+
 def verify(registry: list[dict], evidence: dict[str, dict], scale: str) -> pd.DataFrame:
     rows = []
     for claim in registry:
@@ -235,7 +252,8 @@ def verify(registry: list[dict], evidence: dict[str, dict], scale: str) -> pd.Da
             "id": claim["id"], "study": claim["study"], "paper": claim["paper"], "statement": claim["statement"],
             "paper_value": claim["paper_value"], "metric": claim["metric"], "check": describe_check(claim["check"]),
             "evidence": claim["evidence"], "estimate": rec.get("estimate"), "low": rec.get("low"),
-            "high": rec.get("high"), "level": None if rec.get("exact") else claim["level"],
+            "high": rec.get("high"), "parts": parts_text(rec),
+            "level": None if rec.get("exact") else claim["level"],
             "exact": bool(rec.get("exact")), "n": n, "min_n": claim["min_n"],
             "diverged": rec.get("diverged", 0),
             "gates": _gates_text(rec),

@@ -42,6 +42,7 @@ def aggregate(metrics_paths: list[str], runs_csv: str, curves_csv: str, scale: s
         key = asdict(c)
         rows.append({**key, "status": rec["status"], "final_val_loss": float(m["final_val_loss"]) if ok else math.nan,
                      "epochs": float(m.get("epochs", math.nan)) if ok else math.nan,
+                     "n_params": int(m["n_params"]) if ok and "n_params" in m else math.nan,
                      "lr_value": m.get("lr", math.nan) if ok else math.nan,
                      "diverged_at_step": math.nan if ok else m.get("diverged_at_step", math.nan),
                      "tokens": c.steps * tokens_per_step if tokens_per_step else math.nan,

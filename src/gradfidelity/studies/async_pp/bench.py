@@ -15,10 +15,14 @@ run (issue 37). No number here is asserted by a test; the arithmetic is (tests/a
    bound of the schedule for the batches used (`batch_bound`), and the target is the median idle factor within 3% of
    it. Medians come with their distribution-free interval (stats.intervals.median_interval), per-stage busy time is
    kept, so a slow stage (imbalance) is told apart from message latency.
+3. The receive wait, attributed (`wait_attribution`, issue 47): each stage's wait split into messages x one-way
+   latency (a ping-pong of a pipeline-sized message in the same process group, before the jobs) and the rest, the
+   schedule (fill, drain, flush, a slower neighbour).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, replace
@@ -37,6 +41,7 @@ from gradfidelity.studies.async_pp.pipeline import PipeJob, PipeSetup, run_pipel
 STEP_COST_LIMIT = 1.15  # the most a 2bw step may cost over a sync step (issue 13)
 IDLE_TARGET = 0.03  # issue 37: the median idle factor within 3% of the schedule's bound
 LEVEL = 0.95  # the median intervals' level
+LATENCY_ROUNDS = 200  # ping-pong round trips of a pipeline message before the jobs (wait_attribution)
 ARMS = ("plain", "sync", "2bw")
 
 
@@ -178,6 +183,41 @@ def summarize(res: dict, n_stages: int, n_micro: int, steps: int, repeats: int, 
     return out
 
 
+def wait_attribution(res: dict, repeats: int, round_trip_s: list[float]) -> dict:
+    """The receive wait split into message latency and schedule (issue 47, item 4), per schedule and stage.
+
+    latency part = messages received x one-way latency (half the median round trip of a pipeline-sized message,
+    measured in the same process group before the jobs: `pipeline._ping_pong`); schedule part = the median wait
+    minus it: time the sender had not yet produced the message (the pipeline's fill and drain, the flush, a slower
+    neighbour). The latency part is an upper bound of what latency adds to the wait: a receive posted early overlaps
+    its transfer with compute. A shared-memory transport can only shrink the latency part."""
+    one_way = [t / 2 for t in round_trip_s]
+    lat = _med_iv(one_way)
+    out: dict = {"one_way_latency_s": lat, "round_trips": len(round_trip_s)}
+    for s in ("sync", "2bw"):
+        timings = [res[f"{s}_{r}"]["timing"] for r in range(repeats)]
+        stages = []
+        for k in range(len(timings[0])):
+            waits = [t[k]["recv_wait_s"] for t in timings]
+            n_msgs = {t[k]["recv_n"] for t in timings}
+            if len(n_msgs) != 1:
+                raise RuntimeError(f"bench: stage {k} of {s} received {sorted(n_msgs)} messages across repeats")
+            wait, n = statistics.median(waits), n_msgs.pop()
+            latency = n * lat["median"]
+            stages.append({"stage": k, "recv_wait_s_median": wait, "messages": n, "latency_part_s": latency,
+                           "schedule_part_s": wait - latency,
+                           "latency_share": latency / wait if wait > 0 else math.nan})
+        total_wait = sum(x["recv_wait_s_median"] for x in stages)
+        total_latency = sum(x["latency_part_s"] for x in stages)
+        out[s] = {"stages": stages, "latency_share": total_latency / total_wait if total_wait > 0 else math.nan}
+    share = out["2bw"]["latency_share"]
+    out["larger_part_2bw"] = "latency" if share > 0.5 else "schedule"
+    out["note"] = ("latency part = messages x one-way latency (an upper bound: early receives overlap transfer "
+                   "with compute), schedule part = median wait - latency part; a same-host shared-memory transport "
+                   "is the lever only where the latency part is the larger")
+    return out
+
+
 def pipeline_throughput(cfg: StudyConfig, pc: BenchPipeline) -> dict:
     # A stage big enough that compute dominates the gloo messages (bench.pipeline.model overrides the study model).
     model = replace(cfg.model, **asdict(pc.model), tie_embeddings=False)
@@ -186,13 +226,16 @@ def pipeline_throughput(cfg: StudyConfig, pc: BenchPipeline) -> dict:
     m = pc.n_micro
     jobs = [PipeJob(f"{s}_{r}", s, pc.optimizer, pc.steps, n_micro=m)
             for r in range(pc.repeats) for s in ("sync", "2bw")]
-    res = run_pipeline(setup, jobs)
+    latency: dict = {}
+    res = run_pipeline(setup, jobs, latency=latency, latency_rounds=LATENCY_ROUNDS)
     tokens = pc.steps * setup.batch_size * setup.seq_len
     out: dict = {"n_stages": setup.n_stages, "n_micro": m, "steps": pc.steps, "repeats": pc.repeats,
                  "tokens_per_run": tokens, "model": asdict(model),
                  "corpus": "embedded (throughput does not depend on the text)", "receives": "posted early (irecv)",
                  **summarize(res, setup.n_stages, m, pc.steps, pc.repeats, tokens)}
     out["throughput_ratio_2bw_over_sync"] = out["ratio_median"]
+    out["receive_wait"] = {"message_shape": latency["shape"],
+                           **wait_attribution(res, pc.repeats, latency["round_trip_s"])}
     return out
 
 

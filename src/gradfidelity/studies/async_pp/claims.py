@@ -46,6 +46,7 @@ from gradfidelity.claims.evidence import (
 from gradfidelity.claims.registry import load_registry
 from gradfidelity.claims.verdict import NOT_MEASURED
 from gradfidelity.claims.verify import judge
+from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.studies.async_pp.aggregate import read_runs
 from gradfidelity.studies.async_pp.compute_fraction import drift_label
@@ -459,6 +460,103 @@ def _public(rec: dict) -> dict:
     return out
 
 
+def near_tie_arms(cfg: StudyConfig, selection: pd.DataFrame) -> tuple[dict[tuple, str], list[str]]:
+    """({(optimizer, momentum, schedule, depth): the lr label of its cells at the grid's best LR}, [the near-tie arms
+    with no such cells]) for every arm whose LR choice was a near-tie (the LR-selection table's `near_tie`).
+
+    An async arm reads its `sweeps.near_tie` cells (x<best multiplier>), or `lr~tuned` where the best multiplier is
+    sync's choice for the same optimizer and momentum and the plan trains the tuned column there (Muon 0.95 at the
+    cpu scale). A sync arm's near-tie would need a second ladder: listed as not trained. A `sweeps.near_tie` entry
+    that is not a near-tie of the selection at that multiplier is refused: its cells would be read as what they are
+    not."""
+    from gradfidelity.studies.async_pp.plan import TUNED, default_momentum, lr_label, secondary_optimizers
+
+    rows = selection.to_dict("records")
+    key = lambda r: (r["optimizer"], round(float(r["momentum"]), 6), r["schedule"], int(r["depth"]))  # noqa: E731
+    near = {key(r): float(r["best_multiplier"]) for r in rows if _true(r["near_tie"])}
+    sync_choice = {key(r)[:2]: float(r["chosen_multiplier"]) for r in rows if r["schedule"] == "sync"}
+    listed = {(a.optimizer, round(float(a.momentum), 6), a.schedule, int(a.depth)): float(a.multiplier)
+              for a in cfg.sweeps.near_tie}
+    for arm, m in listed.items():
+        if near.get(arm) != m:
+            raise UserError(f"bad config key 'async_pp.sweeps.near_tie': {arm} at x{m:g} is not a near-tie of the LR "
+                            f"selection (its near-ties and best multipliers: {near})")
+    arms, untrained = {}, []
+    for arm, m in sorted(near.items()):
+        opt, mom, schedule, _ = arm
+        if arm in listed:
+            arms[arm] = lr_label(m)
+        elif (schedule == "2bw" and sync_choice.get(arm[:2]) == m and opt in secondary_optimizers(cfg)
+              and mom == round(default_momentum(opt), 6)):
+            arms[arm] = TUNED
+        else:
+            untrained.append(f"{_arm_text(arm)} (best x{m:g})")
+    return arms, untrained
+
+
+def _true(value) -> bool:
+    return value is True or str(value).strip().lower() == "true"
+
+
+def _arm_text(arm: tuple, label: str = "") -> str:
+    opt, mom, schedule, depth = arm
+    at = f" at lr~{label}" if label else ""
+    return f"{opt} {mom:g} {schedule}{f' P{depth}' if schedule.startswith('pipedream') else ''}{at}"
+
+
+def _decided(r: BudgetReading) -> str:
+    return r.verdict_T if r.decided else NOT_MEASURED
+
+
+def near_tie_readings(g: Gaps, scale: str, src: list[str], arms: dict[tuple, str], own: dict[str, dict],
+                      own_readings: dict[str, BudgetReading]) -> list[dict]:
+    """Every claim that reads a near-tie arm, under the budget rule at the arms' own LRs (the primary) and with
+    every near-tie arm it reads at the grid's best LR instead (issue 47: "report the claim at both LRs"). Reported,
+    not gated: which of two LRs within the selection's noise wins is a coin the claim should not hang on unseen."""
+    if not arms:
+        return []
+    rows = {r["id"]: r for r in load_registry() if r["study"] == "async_pp"}
+    view = g.at(lr_for=arms)
+    other, other_readings = budget_readings(view, scale, src)
+    other["B7"], own_b7 = _b7(view, src), own.get("B7") or _b7(g, src)
+    out = []
+    for cid in (*other_readings, "B7"):
+        if other[cid].get("sources") == (own[cid] if cid in own else own_b7).get("sources") \
+                and "near-tie LR" not in other[cid].get("detail", ""):
+            continue  # reads no near-tie arm
+        read = [_arm_text(a, lab) for a, lab in arms.items() if _reads(other[cid], a, lab)]
+        if cid == "B7":
+            v_own = judge(rows[cid], _public(own_b7), True, scale)[0]
+            v_other, why = judge(rows[cid], _public(other[cid]), True, scale)
+            reading_own, reading_other = _reading(own_b7), _reading(other[cid])
+        else:
+            r_own, r_other = own_readings[cid], other_readings[cid]
+            v_own, v_other = _decided(r_own), _decided(r_other)
+            why = r_other.gate()["reason"]
+            reading_own, reading_other = r_own.change_text(), r_other.change_text()
+        out.append({"claim": cid, "near_tie_arms": "; ".join(read) or "mitigated cells of a near-tie arm",
+                    "verdict_own_lr": v_own, "verdict_near_tie_lr": v_other, "same": v_own == v_other,
+                    "reading_own_lr": reading_own, "reading_near_tie_lr": reading_other,
+                    "why_near_tie_lr": why})
+    return out
+
+
+def _reads(rec: dict, arm: tuple, label: str) -> bool:
+    """Whether a record's sources hold a run of `arm` at `label` (its run directories spell the cell)."""
+    opt, mom, schedule, depth = arm
+    cell = (f"optimizer~{opt}/lr~{label}/", f"/schedule~{schedule}/mitigation~none/depth~{depth}/momentum~{mom:g}/")
+    return any(all(c in s for c in cell) for s in rec.get("sources", []))
+
+
+NEAR_TIE_NOTE = (
+    "near-tie = an async arm whose LR choice was a near-tie on the selection seed (the next-smaller grid point, "
+    "within the optimizer's seed sd, won); verdict_own_lr = the claim under the budget rule as the registry reads it "
+    "(every arm at its chosen LR); verdict_near_tie_lr = the same rule with every near-tie arm the claim reads at "
+    "the grid's best LR instead (its own cells on the same seeds, at T and 2T; lr~tuned where that LR is sync's "
+    "choice); reported, not gated. Mitigated cells train at the chosen LR only: a claim reading one of a near-tie "
+    "arm reads not measured there")
+
+
 def claims(g: Gaps, scale: str, sources: list[str] | None = None) -> dict:
     """The evidence file: one record per claim B1..B9 (see claims/evidence.py for the record's fields).
 
@@ -467,23 +565,41 @@ def claims(g: Gaps, scale: str, sources: list[str] | None = None) -> dict:
     return _evidence(g, scale, sources)[0]
 
 
-def _evidence(g: Gaps, scale: str, sources: list[str] | None = None) -> tuple[dict, dict]:
-    """(the evidence file, the budget rule's readings): one pass over the runs serves both outputs."""
+def _evidence(g: Gaps, scale: str, sources: list[str] | None = None,
+              selection: pd.DataFrame | None = None) -> tuple[dict, dict, list[dict], list[str]]:
+    """(the evidence file, the budget rule's readings, the near-tie readings, the near-tie arms not trained): one
+    pass over the runs serves every output. `selection`: the LR-selection table (its near-tie rows)."""
     src = [str(s) for s in sources or []]
     out, readings = budget_readings(g, scale, src)
     out["B7"] = _b7(g, src)
+    near, untrained = [], []
+    if selection is not None:
+        arms, untrained = near_tie_arms(g.cfg, selection)
+        near = near_tie_readings(g, scale, src, arms, out, readings)
+        for row in near:
+            out[row["claim"]] = dict(out[row["claim"]], detail=(
+                f"{out[row['claim']].get('detail', '')}; near-tie reading ({row['near_tie_arms']}): "
+                f"{row['verdict_near_tie_lr']}, {row['reading_near_tie_lr']}"))
     out["B8"] = not_measured("10B MoE at 200B tokens is paper-only and not built by this artifact (its shapes are "
                              "not public); it needs a GPU cluster", sources=src)
     return ({"study": "async_pp", "scale": scale, "evidence_version": EVIDENCE_VERSION,
-             "values": {cid: _public(out[cid]) for cid in CLAIM_IDS}}, readings)
+             "values": {cid: _public(out[cid]) for cid in CLAIM_IDS}}, readings, near, untrained)
 
 
 def write_claims(runs_csv: str, cfg: StudyConfig, scale: str, path: str, tables: list[str] | None = None,
-                 budget_table_path: str | None = None) -> None:
-    doc, readings = _evidence(Gaps(read_runs(runs_csv, scale), cfg), scale,
-                              [runs_csv, *(t for t in tables or [] if t)])
+                 budget_table_path: str | None = None, lr_selection_table: str | None = None,
+                 near_tie_table_path: str | None = None) -> None:
+    selection = pd.read_csv(lr_selection_table) if lr_selection_table else None
+    doc, readings, near, untrained = _evidence(Gaps(read_runs(runs_csv, scale), cfg), scale,
+                                               [runs_csv, *(t for t in tables or [] if t)], selection)
     atomic_write_json(path, doc)
     if budget_table_path:
         write_table(budget_table(readings), budget_table_path,
                     title="Study B: round 4's transient gate against round 5's budget rule, per claim, on the same "
                           "runs", notes=[BUDGET_NOTE])
+    if near_tie_table_path:
+        cols = ["claim", "near_tie_arms", "verdict_own_lr", "verdict_near_tie_lr", "same", "reading_own_lr",
+                "reading_near_tie_lr", "why_near_tie_lr"]
+        notes = [NEAR_TIE_NOTE, "near-tie arms without runs at their best LR: " + (", ".join(untrained) or "none")]
+        write_table(pd.DataFrame(near, columns=cols), near_tie_table_path,
+                    title="Study B: every claim that reads a near-tie LR choice, at both LRs", notes=notes)

@@ -98,7 +98,8 @@ def _report(args) -> int:
         from gradfidelity.studies.async_pp.claims import write_claims
 
         write_claims(args.runs, cfg, args.scale, args.claims, [args.main_table, args.mitigations_table,
-                                                               *(args.claim_source or [])], args.budget_table)
+                                                               *(args.claim_source or [])], args.budget_table,
+                     args.lr_selection_table, args.near_tie_table)
     return 0
 
 
@@ -174,8 +175,10 @@ def register(sub) -> None:
     p.add_argument("--curves")
     p.add_argument("--scale", required=True)
     for opt in ("main-table", "mitigations-table", "length-table", "momentum-table", "fig-momentum", "fig-depth",
-                "fig-ladder", "fig-curves", "claims", "budget-table"):
+                "fig-ladder", "fig-curves", "claims", "budget-table", "near-tie-table"):
         p.add_argument(f"--{opt}")
+    p.add_argument("--lr-selection-table", help="the LR-selection table (its near-tie rows: the claims' near-tie "
+                   "reading, written to --near-tie-table)")
     p.add_argument("--claim-source", action="append", help="a path (e.g. a table) to list among every claim "
                    "record's sources, after its run directories and runs.csv; repeatable")
     p.set_defaults(func=_report)

@@ -101,6 +101,7 @@ class Gaps:
     def __init__(self, runs: pd.DataFrame, cfg: StudyConfig):
         self.runs, self.cfg = runs, cfg.need("seeds", "model", "train", "sweeps")
         self.gate_mode = "transient"
+        self.lr_for: dict[tuple, str] = {}  # near-tie view (`at(lr_for=...)`): arm -> the lr label its cells read
         self.steps = cfg.train.steps
         self.seeds = list(range(cfg.seeds))
         self.head = main_head(cfg)
@@ -108,8 +109,8 @@ class Gaps:
         cols = set(runs.columns)
         for row in runs.to_dict("records"):
             lr = row.get("lr", TUNED)
-            if lr not in (TUNED, OWN):
-                continue  # the LR grid
+            if lr not in (TUNED, OWN) and int(row["seed"]) not in self.seeds:
+                continue  # the LR grid (its selection seed); an x<m> cell on the evaluation seeds is a near-tie's
             key = self._key(lr, row["optimizer"], row.get("head", self.head), row["schedule"], row["mitigation"],
                             row["depth"], row["momentum"], row["steps"], row["seed"])
             if key in self._index:
@@ -119,10 +120,15 @@ class Gaps:
             run_dir = row["run_dir"] if "run_dir" in cols and isinstance(row["run_dir"], str) else ""
             self._index[key] = (loss, status, run_dir)
 
-    def at(self, steps: int | None = None, gate_mode: str | None = None) -> Gaps:
+    def at(self, steps: int | None = None, gate_mode: str | None = None, lr_for: dict | None = None) -> Gaps:
         """The same runs read at another main budget (every Spec without its own steps reads `steps`) and/or with
-        another gate mode: the budget rule reads each claim at T and at 2T through this view."""
+        another gate mode: the budget rule reads each claim at T and at 2T through this view. `lr_for`
+        {(optimizer, momentum, schedule, depth): lr label}: those async arms' own-LR cells are read at that label
+        instead (the near-tie reading, issue 47); their mitigated cells train at the own LR only, so a claim that
+        reads one finds it "not trained at the near-tie LR"."""
         view = copy.copy(self)
+        if lr_for is not None:
+            view.lr_for = {(o, round(float(m), 6), s, int(d)): lab for (o, m, s, d), lab in lr_for.items()}
         if steps is not None:
             view.steps = int(steps)
         if gate_mode is not None:
@@ -138,7 +144,13 @@ class Gaps:
     def _cell(self, spec: Spec, seed: int) -> tuple[float, str, str]:
         mom = default_momentum(spec.optimizer) if spec.momentum is None else spec.momentum
         depth = spec.depth if spec.schedule.startswith("pipedream") else 1
-        key = self._key(spec.lr_label, spec.optimizer, spec.head or self.head, spec.schedule, spec.mitigation, depth,
+        lr = spec.lr_label
+        other = self.lr_for.get((spec.optimizer, round(float(mom), 6), spec.schedule, depth)) if lr == OWN else None
+        if other is not None:
+            if spec.mitigation != "none":
+                return math.nan, "not trained at the near-tie LR", ""
+            lr = other
+        key = self._key(lr, spec.optimizer, spec.head or self.head, spec.schedule, spec.mitigation, depth,
                         mom, spec.steps or self.steps, seed)
         return self._index.get(key, (math.nan, "missing", ""))
 

@@ -122,6 +122,7 @@ class Receives:
         self.src = {"F": k - 1, "B": k + 1}
         self.shape, self.dtype = shape, dtype
         self.posted: dict[str, tuple[int, torch.Tensor, object]] = {}
+        self.taken = 0  # messages received (the bench's latency share: messages x one-way latency)
         for d in ("F", "B"):
             self._post(d)
 
@@ -137,6 +138,7 @@ class Receives:
         if got != i:
             raise RuntimeError(f"pipeline: op {d}{i} found the receive of {d}{got} posted (op order broken)")
         handle.wait()
+        self.taken += 1
         self._post(d)
         return buf
 
@@ -246,15 +248,52 @@ def run_stage(k: int, setup: PipeSetup, job: PipeJob, stream) -> dict:
     wall = time.perf_counter() - t_start
     return {"params": {n: p.detach().clone() for n, p in named},
             "timing": {"stage": k, "wall_s": wall, "busy_s": busy, "recv_wait_s": wait, "send_s": send,
-                       "max_versions": peak},
+                       "recv_n": recvs.taken, "max_versions": peak},
             "losses": losses}
 
 
-def _worker(rank: int, setup: PipeSetup, jobs: list[PipeJob], out_dir: str, store: str) -> None:
+LATENCY_TAG = 1 << 30  # above every micro-batch tag: the ping-pong never matches a pipeline message
+LATENCY_WARMUP = 5
+
+
+def _ping_pong(rank: int, shape: tuple[int, ...], dtype, rounds: int) -> list[float]:
+    """Round trips of one pipeline-sized message between stages 0 and 1 (blocking send, then receive the echo), in
+    the process group the jobs use, before any job runs: rank 0's seconds per round trip after LATENCY_WARMUP
+    unrecorded ones (the other ranks return [] at once). Half a round trip is the one-way latency of a message, the
+    cost each receive pays even when its sender is ready."""
+    if rank > 1:
+        return []
+    buf, times = torch.zeros(shape, dtype=dtype), []
+    for r in range(LATENCY_WARMUP + rounds):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, dst=1, tag=LATENCY_TAG + r)
+            dist.recv(buf, src=1, tag=LATENCY_TAG + r)
+        else:
+            dist.recv(buf, src=0, tag=LATENCY_TAG + r)
+            dist.send(buf, dst=0, tag=LATENCY_TAG + r)
+        if r >= LATENCY_WARMUP:
+            times.append(time.perf_counter() - t0)
+    return times if rank == 0 else []
+
+
+def message_shape(setup: PipeSetup, job: PipeJob) -> tuple[int, int, int]:
+    """The shape of every pipeline message of `job` (an activation forward, its gradient backward)."""
+    return setup.batch_size // job.micro(), setup.seq_len, setup.model.d_model
+
+
+def _worker(rank: int, setup: PipeSetup, jobs: list[PipeJob], out_dir: str, store: str,
+            latency_rounds: int = 0) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=setup.n_stages,
                             timeout=timedelta(seconds=120))
     try:
+        if latency_rounds:
+            dist.barrier()
+            rtt = _ping_pong(rank, message_shape(setup, jobs[0]), DTYPES[setup.dtype], latency_rounds)
+            if rank == 0:
+                save_checkpoint(Path(out_dir) / "latency.pt", {"round_trip_s": rtt,
+                                                                "shape": list(message_shape(setup, jobs[0]))})
         stream = embedded_stream(setup.train_chars, setup.val_chars, setup.seq_len, setup.batch_size, setup.seed)
         for job in jobs:
             dist.barrier()  # every stage starts a job together: wall times are comparable
@@ -267,17 +306,24 @@ def _worker(rank: int, setup: PipeSetup, jobs: list[PipeJob], out_dir: str, stor
 
 
 def run_pipeline(setup: PipeSetup, jobs: list[PipeJob], out_dir: str | os.PathLike | None = None,
-                 pids: list[int] | None = None) -> dict[str, dict]:
+                 pids: list[int] | None = None, latency: dict | None = None,
+                 latency_rounds: int = 0) -> dict[str, dict]:
     """Spawn one process per stage, run `jobs` one after the other in the same process group, and return per job
     {"params": merged final weights, "timing": [per-stage timing], "losses": last stage's micro-batch losses}.
-    A failing stage ends the whole group (torch.multiprocessing terminates the others) and raises here."""
+    A failing stage ends the whole group (torch.multiprocessing terminates the others) and raises here.
+    `latency_rounds` > 0: first `_ping_pong` that many round trips of the first job's message between stages 0
+    and 1, into `latency` ({"round_trip_s": [...], "shape": [...]})."""
     for job in jobs:
         _check(setup, job)
+    if latency_rounds and (latency is None or setup.n_stages < 2):
+        raise UserError("run_pipeline: latency_rounds needs a `latency` dict to fill and at least two stages")
+    if latency_rounds and len({message_shape(setup, j) for j in jobs}) > 1:
+        raise UserError("run_pipeline: latency_rounds needs every job to send messages of one shape")
     with tempfile.TemporaryDirectory(prefix="gf_pipe_") as tmp:
         out = Path(out_dir) if out_dir else Path(tmp)
         store = str(Path(tmp) / "store")
-        ctx = mp.start_processes(_worker, args=(setup, jobs, str(out), store), nprocs=setup.n_stages,
-                                 join=False, start_method="spawn")
+        ctx = mp.start_processes(_worker, args=(setup, jobs, str(out), store, latency_rounds),
+                                 nprocs=setup.n_stages, join=False, start_method="spawn")
         if pids is not None:
             pids.extend(p.pid for p in ctx.processes)
         try:
@@ -285,6 +331,8 @@ def run_pipeline(setup: PipeSetup, jobs: list[PipeJob], out_dir: str | os.PathLi
                 pass
         except ProcessException as exc:
             raise RuntimeError(f"pipeline stage failed: {exc}") from None
+        if latency_rounds:
+            latency.update(load_checkpoint(out / "latency.pt"))
         results = {}
         for job in jobs:
             parts = [load_checkpoint(out / job.name / f"stage{k}.pt") for k in range(setup.n_stages)]

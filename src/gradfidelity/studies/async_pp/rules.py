@@ -24,7 +24,7 @@ EXPORTS: dict = {}  # no file of this study is read by another study's rules
 # job -> the sections of the async_pp config its `--cfg` carries (the one place they are declared). Not in any
 # `--cfg`: `threads_per_run` (the training rule's threads), `train.batch_size` x `train.seq_len` (the aggregation's
 # --tokens-per-step), and the keys that decide which cells exist (above).
-_REPORT = ("seeds", "model", "train", "sweeps")
+_REPORT = ("seeds", "lr_selection", "model", "train", "sweeps")
 JOB_KEYS: dict[str, tuple[str, ...]] = {
     "train": ("model", "data", "train"),
     "train_delay": ("model", "data", "train", "delay"),  # a cell whose mitigation is one of DELAY_READERS

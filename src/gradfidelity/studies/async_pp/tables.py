@@ -19,7 +19,7 @@ from gradfidelity.claims.evidence import level_for
 from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.async_pp.lr_select import RULE
 from gradfidelity.studies.async_pp.pairing import Fractions, Gaps, Paired, Spec, ef_recovery, fractions, transient
-from gradfidelity.studies.async_pp.plan import OWN, TUNED, secondary_optimizers
+from gradfidelity.studies.async_pp.plan import OWN, TUNED, default_momentum, grid_budget, secondary_optimizers
 from gradfidelity.tables import write_table
 
 GATE_NOTE = ("gate = the transient gate of the row's optimizer at the row's budget T (pairing.transient): pass when "
@@ -96,7 +96,8 @@ def _ladder_key_rows(g: Gaps, opt: str, momentum=None, label: str = "") -> list[
     secondary = momentum is None and opt in secondary_optimizers(g.cfg)
     rows = []
     for i, n in enumerate(ladder):
-        row = {"optimizer": label or opt, "steps": n, "tokens": n * tok, "sync": _mean(lad[n])}
+        row = {"optimizer": label or opt, "steps": n, "tokens": n * tok, **_budget_scale(g, opt, momentum, n),
+               "sync": _mean(lad[n])}
         if i:
             fall = (lad[ladder[i - 1]] - lad[n]) / math.log2(n / ladder[i - 1])
             row["fall_per_doubling"] = _mean(fall)
@@ -123,14 +124,33 @@ def _ladder_key_rows(g: Gaps, opt: str, momentum=None, label: str = "") -> list[
     return rows
 
 
+def _grid_steps(g: Gaps) -> int | str:
+    """The budget the LRs were chosen at (plan.grid_budget), or T where the job was not given lr_selection."""
+    return grid_budget(g.cfg) if g.cfg.lr_selection is not None else g.steps
+
+
+def _budget_scale(g: Gaps, opt: str, momentum, n: int) -> dict:
+    """Tokens per parameter and epochs of the sync runs at budget n (issue 47: how far the ladder's top is from the
+    paper's ~20 tokens a parameter), from runs.csv's `n_params` and `epochs` (nan where a runs table predates them)."""
+    runs = g.runs
+    mom = default_momentum(opt) if momentum is None else float(momentum)
+    sel = runs[(runs["optimizer"] == opt) & (runs["schedule"] == "sync") & (runs["steps"] == n)
+               & ((runs["momentum"] - mom).abs() < 1e-9) & (runs["status"] == "ok")]
+    params = sel["n_params"].dropna() if "n_params" in sel else pd.Series(dtype=float)
+    epochs = sel["epochs"].dropna() if "epochs" in sel else pd.Series(dtype=float)
+    tok = n * g.cfg.train.tokens_per_step
+    return {"tokens_per_param": tok / float(params.median()) if len(params) else math.nan,
+            "epochs": float(epochs.median()) if len(epochs) else math.nan}
+
+
 def length_table(g: Gaps) -> pd.DataFrame:
     """Every optimizer's sync ladder (main and length sweeps, default momentum): does the sync loss still fall by a
     clear margin per doubling, and what is f at each budget that has an async run."""
     sw = g.cfg.sweeps
     opts = list(dict.fromkeys([*sw.main.optimizers, *sw.length.optimizers]))
-    cols = ["optimizer", "steps", "tokens", "sync", "fall_per_doubling", "fall_se", "async_2bw", "f", "f_low",
-            "f_high", "lost_pct", "gap", "gate", "async_2bw_sync_lr", "f_sync_lr", "f_sync_lr_low", "f_sync_lr_high",
-            "gate_sync_lr", "seeds", "seeds_sync_lr", "diverged"]
+    cols = ["optimizer", "steps", "tokens", "tokens_per_param", "epochs", "sync", "fall_per_doubling", "fall_se",
+            "async_2bw", "f", "f_low", "f_high", "lost_pct", "gap", "gate", "async_2bw_sync_lr", "f_sync_lr",
+            "f_sync_lr_low", "f_sync_lr_high", "gate_sync_lr", "seeds", "seeds_sync_lr", "diverged"]
     return pd.DataFrame([r for o in opts for r in _ladder_key_rows(g, o)], columns=cols)
 
 
@@ -191,15 +211,17 @@ def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv:
                 notes=[note, paired, F_NOTE, "recovered_pct_<m> = 100 (f(2bw + m) - f(2bw)) / (1 - f(2bw)) per seed, "
                        "then the mean: the share of the lost compute the mitigation wins back (nan if 2bw loses no "
                        "compute on a seed); ef_recovery_pct_nats = 100 (async - async_EF) / (async - sync) in nats "
-                       "(secondary)", "gate: the transient gate of the optimizer's plain 2bw at T (the mitigations "
-                       "run at T only)", GATE_NOTE])
+                       "(secondary)", "gate: the transient gate of the optimizer's plain 2bw at T (the table reads "
+                       "the mitigations at T; the claims' budget rule reads them at 2T too)", GATE_NOTE])
     if length_csv:
         write_table(length_table(g), length_csv,
                     title="Study B: the sync ladder (does the loss still fall?) and f by training budget",
                     notes=[note, paired, "each budget is a separate run with its own full LR schedule (warmup, "
                            f"constant, linear decay over the last {g.cfg.train.decay_frac:.0%}); the sync ladder at "
-                           f"the LR chosen on sync at {g.steps} steps, the 2bw runs of the f columns at their own LR "
-                           "(below); tokens = steps x tokens per step",
+                           f"the LR chosen on sync at {_grid_steps(g)} steps, the 2bw runs of the f columns at their "
+                           "own LR (below); tokens = steps x tokens per step; tokens_per_param = tokens / the "
+                           "model's parameters (runs.csv n_params; the paper trains about 20); epochs = the sync "
+                           "runs' median share of an epoch of the training split",
                            "fall_per_doubling = (sync at the budget below - sync here) / log2(ratio of the budgets) "
                            "per seed, then the mean; fall_se its standard error: a corpus in the paper's regime keeps "
                            "this clearly above 0 at every budget (the embedded corpus of round 2 did not)",
