@@ -323,7 +323,7 @@ def test_rule_params_carry_only_the_sections_a_job_depends_on():
     assert set(_sections(train_cfg(cfg)(_wc(mitigation="taylor")))) == {"model", "data", "train", "delay"}
     assert set(_sections(job_cfg(cfg, "bench"))) == {"model", "data", "train", "bench"}
     assert {job: set(_sections(job_cfg(cfg, job))) for job in ("tables", "figures", "claims")} == \
-        dict.fromkeys(("tables", "figures", "claims"), {"seeds", "model", "train", "sweeps"})
+        dict.fromkeys(("tables", "figures", "claims"), {"seeds", "lr_selection", "model", "train", "sweeps"})
     assert train_input("sel.json", {})(_wc()) == {"selection": "sel.json"}
     assert train_input("sel.json", {})(_wc(lr="x2")) == {}
     data = {"meta": "d/meta.json", "train": "d/train.bin"}
@@ -336,7 +336,9 @@ def test_rule_params_carry_only_the_sections_a_job_depends_on():
     (("delay", "taylor_lambda"), 3.0, {"train_delay"}),
     (("bench", "steps"), 7, {"bench"}),
     (("sweeps", "momentum", "momenta"), [0.5, 0.9], {"tables", "figures", "claims"}),
-    (("lr_selection", "multipliers"), [1, 2], set()),  # decides which cells exist: through the plan, not --cfg
+    # decides which cells exist (through the plan, not a training job's --cfg); the reports read it (the length
+    # table names the grid's budget, lr_selection.steps), so they are rebuilt
+    (("lr_selection", "multipliers"), [1, 2], {"tables", "figures", "claims"}),
     (("model", "d_model"), 64, {"train", "train_delay", "tables", "figures", "claims", "bench"}),
     (("data", "bpe_vocab"), 512, {"data", "train", "train_delay", "bench"}),
 ])

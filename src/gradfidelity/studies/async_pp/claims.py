@@ -521,10 +521,14 @@ def near_tie_readings(g: Gaps, scale: str, src: list[str], arms: dict[tuple, str
     other["B7"], own_b7 = _b7(view, src), own.get("B7") or _b7(g, src)
     out = []
     for cid in (*other_readings, "B7"):
-        if other[cid].get("sources") == (own[cid] if cid in own else own_b7).get("sources") \
-                and "near-tie LR" not in other[cid].get("detail", ""):
+        if not any(_reads(own[cid] if cid in own else own_b7, a, "own") for a in arms) \
+                and other[cid].get("sources") == (own[cid] if cid in own else own_b7).get("sources"):
             continue  # reads no near-tie arm
-        read = [_arm_text(a, lab) for a, lab in arms.items() if _reads(other[cid], a, lab)]
+        own_rec = own[cid] if cid in own else own_b7
+        # the arms the claim reads: at their other LR where that reading has runs, else at the chosen LR (a record
+        # with no value behind it, e.g. a failed gate, lists no run)
+        read = [_arm_text(a, lab) for a, lab in arms.items()
+                if _reads(other[cid], a, lab) or _reads(own_rec, a, "own")]
         if cid == "B7":
             v_own = judge(rows[cid], _public(own_b7), True, scale)[0]
             v_other, why = judge(rows[cid], _public(other[cid]), True, scale)
@@ -534,7 +538,7 @@ def near_tie_readings(g: Gaps, scale: str, src: list[str], arms: dict[tuple, str
             v_own, v_other = _decided(r_own), _decided(r_other)
             why = r_other.gate()["reason"]
             reading_own, reading_other = r_own.change_text(), r_other.change_text()
-        out.append({"claim": cid, "near_tie_arms": "; ".join(read) or "mitigated cells of a near-tie arm",
+        out.append({"claim": cid, "near_tie_arms": "; ".join(read),
                     "verdict_own_lr": v_own, "verdict_near_tie_lr": v_other, "same": v_own == v_other,
                     "reading_own_lr": reading_own, "reading_near_tie_lr": reading_other,
                     "why_near_tie_lr": why})

@@ -21,7 +21,8 @@ from gradfidelity.studies.async_pp.config import DELAY_READERS, StudyConfig
 WILDCARDS = plan.WILDCARDS
 EXPORTS: dict = {}  # no file of this study is read by another study's rules
 
-# job -> the sections of the async_pp config its `--cfg` carries (the one place they are declared). Not in any
+# job -> the sections of the async_pp config its `--cfg` carries (the one place they are declared; the reports read
+# `lr_selection` for the grid's budget, which the length table names). Not in any
 # `--cfg`: `threads_per_run` (the training rule's threads), `train.batch_size` x `train.seq_len` (the aggregation's
 # --tokens-per-step), and the keys that decide which cells exist (above).
 _REPORT = ("seeds", "lr_selection", "model", "train", "sweeps")
