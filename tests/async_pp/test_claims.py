@@ -46,6 +46,9 @@ SMOKE_CFG = study()
 _SECTION = copy.deepcopy(SMOKE)
 _SECTION["sweeps"]["length"] = {"optimizers": ["muon"], "steps": [15, 30, 60]}
 _SECTION["sweeps"]["ladder"] = {"steps": [5, 15, 30, 60, 120]}
+# AdamW 0.9's 2bw listed as a near-tie (its second LR x1 on the evaluation seeds): _selection() makes it one
+_SECTION["sweeps"]["near_tie"] = [{"optimizer": "adamw", "momentum": 0.9, "schedule": "2bw", "depth": 1,
+                                   "multiplier": 1}]
 CFG = study(_SECTION, seeds=3)
 T = CFG.train.steps
 SLOPE = 0.2
