@@ -162,3 +162,34 @@ def test_a_run_that_is_not_a_grid_run_is_refused(runs):
         select(twice, "cpu", BASE)
     with pytest.raises(UserError, match="not 'smoke'"):
         select([_run(runs, 1e-4, 50.0)], "smoke", BASE)
+
+
+def _start(root, acc_val, name):
+    d = root / name
+    atomic_write_json(d / "metrics.json", {"status": "ok", "metrics": {"acc_val": acc_val}, "study": "sft_rl",
+                                           "scale": "cpu", "seed": 0, "threads": 1, "cell": {}, "timing": {}})
+    return str(d / "metrics.json")
+
+
+def test_the_selection_reads_each_arm_against_its_start_and_says_when_the_gain_is_evaluation_noise(runs, tmp_path):
+    """An arm whose best LR scores within evaluation noise of its start is said to be; one well above it is not.
+    The noise is the normal 95% half-width of a difference of two binomial accuracies (checked against scipy)."""
+    from scipy import stats
+
+    from gradfidelity.studies.sft_rl.lr_select import eval_noise
+
+    paths = [_run(runs, lr, acc, "luffy") for lr, acc in zip(BASE, (33.0, 35.0, 30.0), strict=True)] + \
+            [_run(runs, lr, acc, "hpt") for lr, acc in zip(BASE, (40.0, 52.0, 45.0), strict=True)]
+    starts = {"tiny/luffy": _start(tmp_path, 33.6, "base"), "tiny/hpt": _start(tmp_path, 33.6, "base2")}
+    doc = write_selection(paths, "cpu", str(tmp_path / "sel.json"), BASE, table_csv=str(tmp_path / "t.csv"),
+                          table_md=str(tmp_path / "t.md"), starts=starts, n_val=500)
+    luffy, hpt = _choice(doc, "luffy"), _choice(doc, "hpt")
+    se = math.sqrt((0.35 * 0.65 + 0.336 * 0.664) / 500)
+    assert luffy["noise"] == pytest.approx(100 * stats.norm.ppf(0.975) * se, rel=1e-5)
+    assert luffy["gain"] == pytest.approx(1.4) and luffy["within_noise"]
+    assert hpt["gain"] == pytest.approx(18.4) and not hpt["within_noise"]
+    md = (tmp_path / "t.md").read_text()
+    assert "+1.4 (noise 5.9: within noise)" in md and "beyond noise" in md and "500 val problems" in md
+    assert eval_noise(50.0, 50.0, 100) > eval_noise(50.0, 50.0, 400)  # more problems, less noise
+    with pytest.raises(UserError, match="--n-val"):
+        select(paths, "cpu", BASE, starts)

@@ -77,9 +77,10 @@ def test_kill_and_rerun_gives_identical_metrics(tmp_path, monkeypatch, damaged):
 
 
 def test_grpo_mixed_policy_kill_and_rerun_identical(tmp_path, monkeypatch):
-    """The same for the RL stage (ReLIFT: GRPOTrainer subclass whose buffer must survive the restart)."""
+    """The same for the RL stage (ReLIFT: GRPOTrainer subclass whose buffer must survive the restart), with an
+    evaluation at step 1 (rl.eval_steps), made before the checkpoint the rerun resumes from: it is restored."""
     raw = {**CFG, "methods": ["relift"], "rl": {"steps": 4, "prompts_per_step": 2, "num_generations": 2,
-                                                "max_completion_length": 8},
+                                                "max_completion_length": 8, "eval_steps": [1]},
            "mixed": {"relift_buffer_size": 3}}
     cfg = make_cfg(raw)
     tok = models.build_tokenizer()
@@ -102,8 +103,9 @@ def test_grpo_mixed_policy_kill_and_rerun_identical(tmp_path, monkeypatch):
     monkeypatch.setattr(HarnessCallback, "on_step_end", original)
     state = json.loads((tmp_path / "killed" / "trainer" / "checkpoint-2" / GF_STATE).read_text())
     assert "buffer" in state and state["tokens"]["gen"] > 0
+    assert list(state["extras"]["at_step"]) == ["1"]
 
     resumed = training.run_rl(cfg, "t", "fixed", "relift", 0, base, tmp_path / "killed")
     for key in ("reward_history", "loss_history", "train_tokens", "gen_tokens", "flops", "acc_id", "acc_long",
-                "acc_ood"):
+                "acc_ood", "at_step"):
         assert resumed[key] == straight[key], key

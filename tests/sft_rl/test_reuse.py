@@ -89,3 +89,33 @@ def test_truncated_arm_equals_a_run_that_stops_at_its_step(tmp_path):
     assert short["reward_history"] == long["reward_history"][:k]
     for key in ("acc_id", "acc_long", "acc_ood", "flops", "gen_tokens", "demo_tokens"):
         assert long["truncated"][key] == short[key], key
+
+
+def test_smaller_budget_equals_a_run_of_that_budget_and_leaves_the_long_run_unchanged(tmp_path):
+    """rl.eval_steps: the 4-step run evaluated at step 2 is the 2-step run (a mixed arm, from the base model), and
+    evaluating inside the run moves nothing after it (the same run without the evaluation ends with the same
+    record), so a longer budget doubles as a check of the committed shorter one."""
+    raw = {**CFG, "rl": {**CFG["rl"], "eval_steps": [2]}}
+    cfg = make_cfg(raw)
+    assert cfg.budgets == [2, 4] and cfg.eval_steps_of("luffy") == [2]
+    assert cfg.eval_steps_of("sft_then_rl") == [1, 2]  # step 1: the truncated arm at budget 2
+    base = _base(tmp_path, cfg)
+    long = training.run_rl(cfg, "t", "fixed", "luffy", 0, base, tmp_path / "long")
+    short = training.run_rl(make_cfg({**CFG, "rl": {**CFG["rl"], "steps": 2}}), "t", "fixed", "luffy", 0, base,
+                            tmp_path / "short")
+    plain = training.run_rl(make_cfg(CFG), "t", "fixed", "luffy", 0, base, tmp_path / "plain")
+    assert long["rl_steps"] == 4 and list(long["at_step"]) == ["2"] and long["at_step"]["2"]["rl_steps"] == 2
+    assert "at_step" not in plain and short["reward_history"] == long["reward_history"][:2]
+    for key in ("acc_id", "acc_long", "acc_ood", "nll_id", "flops", "gen_tokens", "demo_tokens"):
+        assert long["at_step"]["2"][key] == short[key], key
+    assert len(set(long["loss_history"])) > 1  # the weights moved after step 2: the next check could fail
+    for key in COMPARED:
+        assert long[key] == plain[key], key
+
+
+def test_eval_steps_outside_the_run_are_refused():
+    from gradfidelity.errors import UserError
+
+    for bad in ([4], [0], [2, 2]):
+        with pytest.raises(UserError, match="rl.eval_steps"):
+            make_cfg({**CFG, "rl": {**CFG["rl"], "eval_steps": bad}})

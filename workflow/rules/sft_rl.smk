@@ -253,7 +253,9 @@ checkpoint sft_rl_lr_round:
 
 rule sft_rl_select_lr:
     input:
-        sft_rl_rules.lr_grid_input(SFT_RL, SFT_RL_ROOT, checkpoints),
+        grid=sft_rl_rules.lr_grid_input(SFT_RL, SFT_RL_ROOT, checkpoints),
+        # each arm's start (the base model; SFT-then-RL: the fixed SFT of the selection seed), read on val
+        starts=list(sft_rl_rules.selection_starts(SFT_RL, SFT_RL_ROOT).values()),
     output:
         selection=SFT_RL_SELECTION,
         table=SFT_RL_SELECTION_TABLE["csv"],
@@ -262,6 +264,8 @@ rule sft_rl_select_lr:
         gf=GF,
         scale=SCALE,
         lrs=SFT_RL_LRS,
+        starts=" ".join(f"{m}={p}" for m, p in sft_rl_rules.selection_starts(SFT_RL, SFT_RL_ROOT).items()),
+        n_val=SFT_RL.task.n_val,
     log:
         f"{SFT_RL_ROOT}/logs/select_lr.log",
     conda:
@@ -270,8 +274,9 @@ rule sft_rl_select_lr:
     resources:
         **rule_resources("sft_rl_select_lr"),
     shell:
-        "{params.gf} sft-rl-select-lr --metrics {input} --scale {params.scale} --lrs {params.lrs} "
-        "--out {output.selection} --table {output.table} --table-md {output.table_md} > {log} 2>&1"
+        "{params.gf} sft-rl-select-lr --metrics {input.grid} --scale {params.scale} --lrs {params.lrs} "
+        "--start {params.starts} --n-val {params.n_val} --out {output.selection} --table {output.table} "
+        "--table-md {output.table_md} > {log} 2>&1"
 
 
 rule sft_rl_aggregate:

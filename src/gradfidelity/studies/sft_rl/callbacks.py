@@ -4,7 +4,7 @@ evaluation at a given step, resume from the last checkpoint that passes its chec
 Why the Trainer's checkpoints and not the harness's state-dict checkpoint: with DeepSpeed the optimizer state lives
 in the engine's partitioned (and offloaded) buffers, which only the engine can save and restore; the Trainer's
 checkpoint also carries the RNG states, the LR scheduler, the data position and the log history. Our extra state
-(token counters, ReLIFT's buffer, the truncated evaluation) is written next to it by `HarnessCallback`, one file
+(token counters, ReLIFT's buffer, the evaluations at earlier steps) is written next to it by `HarnessCallback`, one file
 per rank, and a manifest (rank 0) makes a damaged or cut-off checkpoint detectable before it is trusted.
 """
 
@@ -63,15 +63,28 @@ class HarnessCallback(TrainerCallback):
         barrier()
 
 
-class EvalAtStep(TrainerCallback):
-    """Evaluate once at a given optimizer step (the truncated SFT-then-RL, read off the same run)."""
+class EvalAtSteps(TrainerCallback):
+    """Evaluate at given optimizer steps of one run: the smaller RL budgets (rl.eval_steps) and the truncated
+    SFT-then-RL, read off the same run. `results` maps each step (a string, as JSON keeps it) to `fn(model)`; the
+    results so far are saved with every checkpoint and restored on resume (`restore`)."""
 
-    def __init__(self, step: int, fn):
-        self.step, self.fn, self.result = step, fn, None
+    def __init__(self, steps, fn):
+        self.steps, self.fn, self.results = sorted(set(steps)), fn, {}
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if state.global_step == self.step:
-            self.result = self.fn(model)
+        if state.global_step in self.steps:
+            self.results[str(state.global_step)] = self.fn(model, state.global_step)
+
+    def restore(self, saved: dict | None) -> None:
+        """The evaluations a resumed run made before its checkpoint (every step at or below it)."""
+        self.results = dict(saved or {})
+
+    def check(self) -> dict:
+        """Every step's result, or a loud error naming the steps that never ran."""
+        missing = [k for k in self.steps if str(k) not in self.results]
+        if missing:
+            raise RuntimeError(f"the evaluations at RL steps {missing} did not run")
+        return {str(k): self.results[str(k)] for k in self.steps}
 
 
 def resume(trainer, trainer_dir: Path, run: Run) -> tuple[str | None, dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gradfidelity.config import cfg_from_json
+from gradfidelity.errors import UserError
 from gradfidelity.harness.cli_args import add_run_args
 from gradfidelity.studies.sft_rl.plan import RL_STAGE, TABLES, VARIANTS
 
@@ -59,10 +60,19 @@ def _lr_round(args) -> int:
     return 0
 
 
+def _pair(text: str, option: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key or not value:
+        raise UserError(f"{option} {text!r}: expected KEY=VALUE")
+    return key, value
+
+
 def _select_lr(args) -> int:
     from gradfidelity.studies.sft_rl.lr_select import write_selection
 
-    write_selection(args.metrics, args.scale, args.out, args.lrs, table_csv=args.table, table_md=args.table_md)
+    starts = dict(_pair(x, "--start") for x in args.start or [])
+    write_selection(args.metrics, args.scale, args.out, args.lrs, table_csv=args.table, table_md=args.table_md,
+                    starts=starts, n_val=args.n_val)
     return 0
 
 
@@ -173,6 +183,8 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="lr_selection.json")
     p.add_argument("--table", required=True, help="the selection table (csv)")
     p.add_argument("--table-md", required=True)
+    p.add_argument("--start", nargs="*", help="METHOD=metrics.json of the run each arm starts from (compared on val)")
+    p.add_argument("--n-val", type=int, help="the val set's size (the start comparison's evaluation noise)")
     p.set_defaults(func=_select_lr)
 
     p = sub.add_parser("sft-rl-alignment", help="sft_rl: Gram matrices of real SFT micro-batch gradients (for A3)")

@@ -115,6 +115,13 @@ class RLConfig:
     max_grad_norm: float
     truncated_fraction: float  # 50 of 500 RL steps at paper scale
     length_groups: int         # 0: TRL's padded log-prob forward; k: k length-sorted micro-batches, each trimmed
+    eval_steps: tuple[int, ...]  # smaller RL budgets read off the same runs (each is also evaluated at each step)
+
+    def __post_init__(self):
+        bad = [k for k in self.eval_steps if not 0 < k < self.steps]
+        if bad or len(set(self.eval_steps)) != len(self.eval_steps):
+            raise UserError(f"sft_rl.rl.eval_steps: {list(self.eval_steps)} must be distinct steps between 1 and "
+                            f"rl.steps - 1 = {self.steps - 1}")
 
 
 @dataclass(frozen=True)
@@ -201,7 +208,26 @@ class StudyConfig:
     @property
     def truncated_steps(self) -> int:
         """RL steps of the truncated SFT-then-RL (the same fraction of RL as 50 of the paper's steps)."""
-        return max(1, round(self.rl.steps * self.rl.truncated_fraction))
+        return self.truncated_at(self.rl.steps)
+
+    def truncated_at(self, budget: int) -> int:
+        """RL steps of the truncated SFT-then-RL at an RL budget of `budget` steps (rl.truncated_fraction of it)."""
+        return max(1, round(budget * self.rl.truncated_fraction))
+
+    @property
+    def budgets(self) -> list[int]:
+        """Every RL budget (in optimizer steps) the study reads, smallest first: rl.eval_steps and rl.steps. A budget
+        below rl.steps is its runs evaluated at that step: constant LR on one RNG stream, and greedy evaluation draws
+        no random number, so the first k steps of the long run are the k-step run."""
+        return sorted({*self.rl.eval_steps, self.rl.steps})
+
+    def eval_steps_of(self, method: str) -> list[int]:
+        """The steps below rl.steps at which a run of an RL-stage `method` is evaluated besides its end: every smaller
+        budget, and for SFT-then-RL each budget's truncation step (the truncated arm at that budget)."""
+        steps = set(self.rl.eval_steps)
+        if method == "sft_then_rl":
+            steps |= {self.truncated_at(b) for b in self.budgets}
+        return sorted(k for k in steps if k < self.rl.steps)
 
     def record(self) -> dict:
         """The sections this config holds, as plain data (what a run records in provenance.json)."""

@@ -105,10 +105,40 @@ def extension_round(metrics_paths: list[str], scale: str, base_lrs: list[float],
             "extension": ext}
 
 
-def select(metrics_paths: list[str], scale: str, base_lrs: list[float] | None = None) -> dict:
+def eval_noise(p_a: float, p_b: float, n: int) -> float:
+    """The half-width (points) of a 95% normal interval of the difference of two accuracies (points) on n problems
+    each, taken as independent binomials: evaluation noise alone, with no training noise in it (one run each). On the
+    same val set the two are positively correlated, so the true noise is smaller: `within noise` is a generous
+    reading, never a verdict."""
+    a, b = p_a / 100, p_b / 100
+    return 100 * 1.959964 * math.sqrt((a * (1 - a) + b * (1 - b)) / n)
+
+
+def _starts(starts: dict[str, str] | None, scale: str) -> dict[str, float]:
+    """Each arm's start run's val accuracy: {"<model>/<method>": acc_val} from the same keys -> its start's
+    metrics.json."""
+    from gradfidelity.harness.results import load_run_records
+
+    out = {}
+    for method, path in (starts or {}).items():
+        (rec,) = load_run_records([path], scale=scale)
+        acc = rec["metrics"].get("acc_val") if rec["status"] == "ok" else None
+        if not isinstance(acc, (int, float)):
+            raise UserError(f"{path}: the start of {method} has no val accuracy (metrics.acc_val)")
+        out[method] = float(acc)
+    return out
+
+
+def select(metrics_paths: list[str], scale: str, base_lrs: list[float] | None = None,
+           starts: dict[str, str] | None = None, n_val: int | None = None) -> dict:
     """Every grid run's metrics.json (all rounds) -> the selection document: per (model, method) the grid, the
     choice and its val accuracy, the points added past the configured grid, and whether the choice is bracketed (a
-    grid point on both sides of it)."""
+    grid point on both sides of it). With `starts` ({"<model>/<method>": the metrics.json the arm starts from}) and
+    `n_val`,
+    each choice also carries its start's val accuracy and whether its gain over it is within evaluation noise."""
+    start_acc = _starts(starts, scale)
+    if start_acc and not n_val:
+        raise UserError("sft_rl lr selection: the start comparison needs the val set's size (--n-val)")
     choices = []
     for (model, method), rows in _read_grid(metrics_paths, scale).items():
         scores = _scores(rows)
@@ -116,8 +146,14 @@ def select(metrics_paths: list[str], scale: str, base_lrs: list[float] | None = 
         lrs = [r["lr"] for r in rows]
         below, above = lr_grid.added(lrs, list(base_lrs or lrs))
         edge = lr in (lrs[0], lrs[-1])
-        choices.append({"model": model, "method": method, "lr": lr, "acc_val": scores[lr], "extended": below + above,
-                        "at_grid_edge": len(lrs) > 1 and edge, "bracketed": len(lrs) > 2 and not edge, "grid": rows})
+        choice = {"model": model, "method": method, "lr": lr, "acc_val": scores[lr], "extended": below + above,
+                  "at_grid_edge": len(lrs) > 1 and edge, "bracketed": len(lrs) > 2 and not edge, "grid": rows}
+        if f"{model}/{method}" in start_acc:
+            p0 = start_acc[f"{model}/{method}"]
+            noise = eval_noise(scores[lr], p0, n_val)
+            choice.update(start_acc_val=p0, gain=scores[lr] - p0, noise=noise,
+                          within_noise=abs(scores[lr] - p0) <= noise)
+        choices.append(choice)
     return {"study": WHAT, "scale": scale, "rule": RULE, "base_lrs": list(base_lrs or []), "choices": choices}
 
 
@@ -126,23 +162,39 @@ def _point(row: dict) -> str:
     return f"{lr_name(row['lr'])}: " + ("diverged" if row["status"] == "diverged" else f"{row['acc_val']:.1f}")
 
 
+_START_NOTE = (
+    "start_acc_val = the val accuracy of the run the arm starts from (the base model; SFT-then-RL: the fixed SFT run "
+    "of the selection seed); vs_start = chosen acc_val minus it, against the half-width of a 95% interval of a "
+    "difference of two accuracies on the {n_val} val problems (binomial evaluation noise, one run each): 'within "
+    "noise' = the arm's best LR does not score distinguishably above its own start on val")
+
+
+def _vs_start(c: dict) -> str:
+    if "gain" not in c:
+        return "-"
+    return f"{c['gain']:+.1f} (noise {c['noise']:.1f}: {'within noise' if c['within_noise'] else 'beyond noise'})"
+
+
 def selection_table(doc: dict) -> pd.DataFrame:
-    """One row per (model, method): the chosen LR and its val accuracy, every grid point, the added points."""
+    """One row per (model, method): the chosen LR and its val accuracy, every grid point, the added points, and
+    (with starts) the gain over the arm's start, read against evaluation noise."""
     return pd.DataFrame([
         {"model": c["model"], "method": c["method"], "chosen_lr": lr_name(c["lr"]), "acc_val": c["acc_val"],
          "grid": ", ".join(_point(r) for r in c["grid"]),
          "extended": " ".join(lr_name(x) for x in c["extended"]) or "-",
-         "bracketed": "yes" if c["bracketed"] else "no"}
+         "bracketed": "yes" if c["bracketed"] else "no",
+         **({"start_acc_val": c["start_acc_val"], "vs_start": _vs_start(c)} if "start_acc_val" in c else {})}
         for c in doc["choices"]])
 
 
 def write_selection(metrics_paths: list[str], scale: str, out_json: str, base_lrs: list[float] | None = None,
-                    table_csv: str | None = None, table_md: str | None = None) -> dict:
+                    table_csv: str | None = None, table_md: str | None = None, starts: dict[str, str] | None = None,
+                    n_val: int | None = None) -> dict:
     """The selection document, written to `out_json` (what every evaluation-seed RL-stage run reads), and with
     `table_csv` its table."""
     from gradfidelity.tables import write_table
 
-    doc = select(metrics_paths, scale, base_lrs)
+    doc = select(metrics_paths, scale, base_lrs, starts, n_val)
     atomic_write_json(out_json, doc)
     if table_csv:
         seeds = sorted({r["seed"] for c in doc["choices"] for r in c["grid"]})
@@ -153,7 +205,8 @@ def write_selection(metrics_paths: list[str], scale: str, out_json: str, base_lr
                            "each trained point, 'diverged' = the run diverged (excluded, counts as worse)",
                            f"configured grid {base or '-'}; extended = points added past a winning edge, round by "
                            "round; bracketed = the choice has a grid point on both sides (no: it is still at an edge "
-                           "after lr_selection.max_extensions points)"])
+                           "after lr_selection.max_extensions points)"]
+                    + ([_START_NOTE.format(n_val=n_val)] if starts else []))
     return doc
 
 

@@ -137,6 +137,15 @@ def grid_init(cfg: StudyConfig, root: str, committed: Callable[[str], bool] = _n
     return init
 
 
+def selection_starts(cfg: StudyConfig, root: str) -> dict[str, str]:
+    """{"<model>/<method>": metrics.json of the run that arm's grid starts from}: the selection table reads each
+    arm's chosen val accuracy against its start's (a record: present whether committed or trained here)."""
+    if not cfg.lr_selection.enabled:
+        return {}
+    return {f"{m.name}/{meth}": f"{plan.grid_init_dir(cfg, root, m.name, meth)}/metrics.json"
+            for m in cfg.models for meth in plan.tuned_methods(cfg)}
+
+
 def lr_option(wildcards, input) -> str:
     """params function: `--lr-selection <file>` for a tuned job when the config selects LRs."""
     return f"--lr-selection {input.selection}" if "selection" in input.keys() else ""

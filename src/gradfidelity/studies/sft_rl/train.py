@@ -24,7 +24,7 @@ from gradfidelity.errors import UserError
 from gradfidelity.harness import Run
 from gradfidelity.harness.io import read_json
 from gradfidelity.studies.sft_rl import infra, models, paper
-from gradfidelity.studies.sft_rl.callbacks import EvalAtStep, HarnessCallback, barrier, resume
+from gradfidelity.studies.sft_rl.callbacks import EvalAtSteps, HarnessCallback, barrier, resume
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.evaluate import checker, evaluate_all, evaluate_val, fact_accuracy
 from gradfidelity.studies.sft_rl.flops import flops, summed_over_ranks
@@ -266,29 +266,30 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
         extra["length_groups"] = cfg.rl.length_groups
         ref: list = []
         p = models.n_params(model)
-        k = cfg.truncated_steps
-        trunc = None
-        if method == "sft_then_rl" and not selection_run:
-            def at_k(m):  # every rank reaches step k: the token sum is collective, the evaluation rank 0's
+        # evaluations inside the run: each smaller budget (rl.eval_steps) and, for SFT-then-RL, each budget's
+        # truncation step; an LR-grid run is scored on val at its end alone
+        at = None
+        if not selection_run and cfg.eval_steps_of(method):
+            def at_step(m, step):  # every rank reaches the step: the token sum is collective, the evaluation rank 0's
                 train_k, gen_k, demo_k = summed_over_ranks(ref[0].tokens.train, ref[0].tokens.gen,
                                                            ref[0].tokens.demo)
                 return {**(evaluate_all(m, tok, cfg) if run.primary else {}),
-                        "flops": upstream_flops + flops(p, train_k, gen_k), "rl_steps": k,
+                        "flops": upstream_flops + flops(p, train_k, gen_k), "rl_steps": step,
                         "demo_tokens": upstream_demo + demo_k, "gen_tokens": gen_k}
-            trunc = EvalAtStep(k, at_k)
-        extras = (lambda: {"truncated": trunc.result}) if trunc is not None else None
-        callbacks = [HarnessCallback(run, ref, extras)] + ([trunc] if trunc is not None else [])
+            at = EvalAtSteps(cfg.eval_steps_of(method), at_step)
+        extras = (lambda: {"at_step": at.results}) if at is not None else None
+        callbacks = [HarnessCallback(run, ref, extras)] + ([at] if at is not None else [])
         trainer = cls(model=model, args=args, reward_funcs=make_reward(checker(cfg)), train_dataset=data,
                       processing_class=tok, callbacks=callbacks, **extra)
         trainer.check = checker(cfg)
         ref.append(trainer)
         ckpt, saved = resume(trainer, out / "trainer", run)
-        if trunc is not None and saved.get("truncated") is not None:  # step k was before the kill
-            trunc.result = saved["truncated"]
+        if at is not None:  # the evaluations made before the kill
+            at.restore(saved.get("at_step"))
         trainer.train(resume_from_checkpoint=ckpt)
         train_tokens, gen_tokens, demo_tokens = summed_over_ranks(trainer.tokens.train, trainer.tokens.gen,
                                                                   trainer.tokens.demo)
-        metrics = {"stage": "rl", "method": method, "model": model_name, "variant": variant,
+        metrics = {"stage": "rl", "method": method, "model": model_name, "variant": variant, "rl_steps": cfg.rl.steps,
                    "infra": inf.variant, "deepspeed_version": version, "loss_type": loss_type, "n_params": p,
                    "ranks": run.world_size, "init": str(init), "lr": lr, "train_tokens": train_tokens,
                    "gen_tokens": gen_tokens, "demo_tokens": upstream_demo + demo_tokens,
@@ -300,9 +301,9 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
         if run.primary:
             metrics.update(evaluate_val(trainer.model, tok, cfg) if selection_run else
                            evaluate_all(trainer.model, tok, cfg))
-        if trunc is not None:
-            if trunc.result is None:
-                raise RuntimeError(f"truncated evaluation at RL step {k} did not run")
-            metrics["truncated"] = trunc.result
+        if at is not None:
+            metrics["at_step"] = at.check()
+        if method == "sft_then_rl" and not selection_run:  # the truncated arm at the full budget, as before
+            metrics["truncated"] = metrics["at_step"][str(cfg.truncated_steps)]
         _finish(run, trainer.model, tok, out, metrics, {})
         return metrics
