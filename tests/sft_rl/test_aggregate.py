@@ -6,7 +6,6 @@ its path; a table interval that is the claims' interval on the same values."""
 
 import json
 import re
-import zlib
 
 import jsonschema
 import numpy as np
@@ -28,33 +27,25 @@ from gradfidelity.harness.io import atomic_write_json
 from gradfidelity.harness.results import load_run_records
 from gradfidelity.studies.sft_rl import aggregate as agg
 from gradfidelity.studies.sft_rl import claims as claims_mod
-from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.baseline import CONSTANT, GATE, constant_baseline
-from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.figures import write_figures
 from gradfidelity.studies.sft_rl.tables import macro_intervals, write_tables
-from tests.sft_rl._config import METHODS, make_cfg
+from tests.sft_rl._runs import (
+    BASE_ACC,
+    HOLDS,
+    LR,
+    REWARD,
+    SCALE,
+    TASK,
+    _cfg,
+    _noise,
+    _ramp,
+    _two_budgets,
+    write_runs,
+)
 
-SCALE = "cpu"
 ROWS = {row["id"]: row for row in load_registry() if row["study"] == "sft_rl"}
-TASK = {"seed": 1234, "n_train": 64, "n_eval": 32, "n_pretrain": 30}
 
-# `id` accuracy (points) of each run directory (variant, method), and of long and ood unless `sets` says otherwise;
-# with these every claim A5-A9 holds and every gate passes (the base model, every arm's start but SFT-then-RL's, is
-# at BASE_ACC; the test task's constant answers are 21.9 id, 18.75 long, 25.0 ood)
-HOLDS = {
-    ("fixed", "sft"): 60.0, ("ds_bug", "sft"): 50.0, ("agg_bug", "sft"): 57.0, ("both", "sft"): 45.0,
-    ("fixed", "rl"): 30.0, ("fixed", "sft_then_rl"): 72.0, ("both", "sft_then_rl"): 55.0,
-    ("fixed", "luffy"): 64.0, ("fixed", "srft"): 62.0, ("fixed", "relift"): 61.0, ("fixed", "hpt"): 63.0,
-    ("fixed", "sft_then_rl_truncated"): 70.0, ("both", "sft_then_rl_truncated"): 50.0,
-}
-BASE_ACC = 40.0
-FLOPS = {"sft": 1e12, "sft_then_rl": 6e12, "sft_then_rl_truncated": 1.5e12}  # RL-stage methods: 5e12
-# (demonstration tokens, generated tokens) per run: sft_then_rl at the paper recipe's 1:4 (A9's FLOPs part)
-TOKENS = {"sft": (20_000, 0), "rl": (0, 80_000), "sft_then_rl": (20_000, 80_000),
-          "sft_then_rl_truncated": (20_000, 8_000)}  # mixed methods: (30_000, 80_000)
-REWARD = (0.1, 0.6)  # RL training reward of every RL-stage run, first -> last step (rising)
-LR = 3e-4
 # what makes each claim false (the rest of HOLDS unchanged)
 FALSE = {
     "A5": {("ds_bug", "sft"): 70.0},                                  # the optimizer bug raises SFT
@@ -68,73 +59,6 @@ FALSE = {
     "A9-one": {("fixed", "srft"): 80.0},                              # one mixed method beats the truncated run
 }
 RL_CLAIMS = ("A7", "A8", "A8-mech", "A9")
-
-
-def _noise(variant: str, method: str, seed: int) -> float:
-    """Deterministic per-run scatter (points) so that paired intervals have a width."""
-    return (zlib.crc32(f"{variant}/{method}/{seed}".encode()) % 17 - 8) * 0.1 + 0.011 * seed * len(variant + method)
-
-
-def _cfg(seeds, methods=None) -> StudyConfig:
-    return make_cfg({"seeds": list(seeds), "methods": methods or METHODS, "bug_stages": ["sft"], "task": TASK})
-
-
-def _accs(v: float, noise: float = 0.0, long: float | None = None, ood: float | None = None) -> dict:
-    a = {"acc_id": v + noise, "acc_long": (v if long is None else long) + noise,
-         "acc_ood": (v if ood is None else ood) + noise}
-    return {**a, "acc_macro": sum(a.values()) / 3, "nll_id": 1.0 - v / 100, "nll_macro": 1.0}
-
-
-def _ramp(start: float, end: float, seed: int) -> list[float]:
-    """A 10-step history from `start` to about `end`, shifted and steepened per seed (a flat one stays flat)."""
-    return [start + 0.01 * seed + (end - start) * (1 + 0.1 * seed) * t for t in np.linspace(0, 1, 10)]
-
-
-def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE, sets=None, alias=None, reward=None,
-               tokens=None) -> list[str]:
-    """Every planned run's metrics.json as the harness writes it, with its plan cell (the rule's wildcards and the
-    stage the runner ran), then the base model's; `diverged` = {(variant, method, seed)}; `sets`: {(variant, method)
-    or "*": {"long": x, "ood": y}}, the long and ood accuracy instead of the `id` one; `alias`: {(variant, method):
-    (variant, method)}, a run whose accuracies (noise included) are another run's; `reward`: {(variant, method):
-    (first, last)}; `tokens`: {method: (demo, gen)}."""
-    acc, flops, tokens = {**HOLDS, **(acc or {})}, {**FLOPS, **(flops or {})}, {**TOKENS, **(tokens or {})}
-    sets, alias, reward = sets or {}, alias or {}, reward or {}
-
-    def accs(key, noise_key, seed):
-        return _accs(acc[key], _noise(*noise_key, seed), **sets.get(key, sets.get("*", {})))
-
-    paths = plan.planned_runs(cfg, str(root))
-    for path in paths:
-        variant, method, seed_dir = path.split("/")[-4:-1]
-        seed = int(seed_dir.removeprefix("seed"))
-        if (variant, method, seed) in diverged:
-            rec = {"status": "diverged", "metrics": {"step": 3}}
-        else:
-            key = alias.get((variant, method), (variant, method))
-            demo, gen = tokens.get(method, (30_000, 80_000))
-            m = {**accs(key, key, seed), "flops": flops.get(method, 5e12) * (1 + 0.01 * seed),
-                 "demo_tokens": demo, "gen_tokens": gen, "loss_history": [2.0, 1.0], "reward_history": None}
-            if method != "sft":
-                m.update(lr=LR, reward_history=_ramp(*reward.get((variant, method), REWARD), seed),
-                         zero_adv_history=_ramp(0.5, 0.7, 0), loss_history=_ramp(1.0, 0.5, 0))
-            if method == "sft_then_rl":
-                t = (variant, "sft_then_rl_truncated")
-                demo, gen = tokens["sft_then_rl_truncated"]
-                m["truncated"] = {**accs(t, (variant, "trunc"), seed), "demo_tokens": demo, "gen_tokens": gen,
-                                  "flops": flops["sft_then_rl_truncated"] * (1 + 0.01 * seed), "rl_steps": 4}
-            rec = {"status": "ok", "metrics": m}
-        wildcards = {"model": path.split("/")[-5], "variant": variant, "seed": str(seed)}
-        cell = {"study": "sft_rl", **wildcards, "stage": "sft"} if method == "sft" else \
-            {"study": "sft_rl", **wildcards, "method": method, "stage": "rl"}
-        atomic_write_json(path, {**rec, "study": "sft_rl", "scale": scale, "seed": seed, "threads": 1,
-                                 "cell": cell, "timing": {}})
-    bases = plan.base_runs(cfg, str(root))
-    for path, model in zip(bases, (m.name for m in cfg.models), strict=True):
-        m = _accs(BASE_ACC, 0.0, **sets.get("*", {}))
-        atomic_write_json(path, {"status": "ok", "metrics": m, "study": "sft_rl", "scale": scale, "seed": 0,
-                                 "threads": 1, "cell": {"study": "sft_rl", "model": model, "stage": "pretrain"},
-                                 "timing": {}})
-    return paths + bases
 
 
 def tables_of(tmp_path) -> dict:
@@ -601,3 +525,54 @@ def test_identical_a8_mech_parts_are_shown_as_one_number_with_the_reuse_as_the_r
     assert len({(p["estimate"], p["low"], p["high"]) for p in parts.values()}) == 1
     assert re.search(r"the parts vs_luffy, vs_srft, vs_relift, vs_hpt are one number, [+-][\d.]+ \[.*reuse their "
                      r"`fixed` runs", holds["A8-mech"]["detail"]), holds["A8-mech"]["detail"]
+
+
+def test_each_budget_reads_its_step_and_the_claims_read_the_largest(tmp_path):
+    """Round 5 (issue 46): a budget below rl.steps is the run's evaluation at that step (histories cut there; the
+    truncated arm at the budget's truncation step), SFT rows repeat at every budget, the claims decide on the largest
+    budget and show the smaller one's reading, and the main table shows both budgets with the id intervals."""
+    from gradfidelity.stats.intervals import t_interval
+
+    cfg, paths = _two_budgets(tmp_path)
+    df = agg.collect(cfg, load_run_records(paths, scale=SCALE))
+    assert sorted(set(df.budget)) == [5, 10] and (df.budget == 5).sum() == (df.budget == 10).sum()
+    luffy = df[(df.variant == "fixed") & (df.method == "luffy") & (df.seed == 1)].set_index("budget")
+    assert luffy.loc[5, "acc_id"] == pytest.approx(80.1) and luffy.loc[10, "acc_id"] == pytest.approx(
+        HOLDS[("fixed", "luffy")] + _noise("fixed", "luffy", 1))
+    assert len(luffy.loc[5, "reward_history"]) == 5 and len(luffy.loc[10, "reward_history"]) == 10
+    assert luffy.loc[5, "lr"] == luffy.loc[10, "lr"] == LR
+    trunc = df[(df.variant == "fixed") & (df.method == "sft_then_rl_truncated") & (df.seed == 0)].set_index("budget")
+    assert trunc.loc[5, "acc_id"] == 33.0 and trunc.loc[5, "rl_steps"] == 1 and trunc.loc[10, "rl_steps"] == 2
+    sft = df[(df.variant == "ds_bug") & (df.method == "sft")].sort_values(["budget", "seed"])
+    assert sft[sft.budget == 5].acc_id.tolist() == sft[sft.budget == 10].acc_id.tolist()
+
+    ev = claims_mod.claims(df, cfg, SCALE, tables_of(tmp_path), constant_baseline(cfg))["values"]
+    assert verdict(ev, "A7")[0] == REPRODUCED  # decided at 10 steps, where SFT-then-RL leads
+    assert "at 160 rollouts (5 RL steps), a reading (not a verdict): vs_luffy -" in ev["A7"]["detail"]
+    assert "doubling the mixed arms' FLOPs makes the FLOPs part easier to pass" in ev["A9"]["detail"]
+    assert "rollouts (5 RL steps)" not in ev["A5"]["detail"]  # SFT only: one number at every budget
+
+    t = tables_of(tmp_path)
+    write_tables(df, cfg, *t["main"], *t["ablation"])
+    main = pd.read_csv(t["main"][0], keep_default_na=False)
+    assert main.rollouts.tolist().count("160") == main.rollouts.tolist().count("320") > 0  # 5 and 10 x 8 x 4
+    row = main[(main.rollouts == "160") & (main.variant == "fixed") & (main.method == "luffy")].iloc[0]
+    ids = df[(df.budget == 5) & (df.variant == "fixed") & (df.method == "luffy")].acc_id.astype(float)
+    assert row.id_ci95 == t_interval(ids, level_for("A7")).fmt(1)
+    nll = df[(df.budget == 10) & (df.variant == "fixed") & (df.method == "hpt")].nll_id.astype(float)
+    row = main[(main.rollouts == "320") & (main.variant == "fixed") & (main.method == "hpt")].iloc[0]
+    assert row.nll_id_ci95 == t_interval(nll, level_for("A7")).fmt(3)
+    write_figures(df, cfg, tmp_path / "a.png", tmp_path / "b.png")
+    assert (tmp_path / "a.png").stat().st_size > 0
+
+
+def test_a_budget_without_its_evaluation_is_a_loud_error(tmp_path):
+    cfg, paths = _two_budgets(tmp_path)
+    path = next(p for p in paths if "/fixed/srft/seed2/" in p)
+    rec = json.loads(open(path).read())
+    del rec["metrics"]["at_step"]["5"]
+    atomic_write_json(path, rec)
+    with pytest.raises(UserError, match=r"fixed/srft/seed2/metrics.json: no evaluation at RL step 5"):
+        agg.collect(cfg, load_run_records(paths, scale=SCALE))
+    with pytest.raises(UserError, match="no rows at an RL budget of 7 steps"):
+        agg.at_budget(pd.DataFrame({"budget": [5, 10]}), 7)

@@ -136,7 +136,7 @@ def test_jobs_get_only_the_sections_they_depend_on():
     edited = copy.deepcopy(cfg)
     edited["methods"] = ["sft", "sft_then_rl"]
     changed = {job for job in JOB_KEYS if job_cfg(edited, job) != job_cfg(cfg, job)}
-    assert changed == {"aggregate", "tables", "figures", "claims"}
+    assert changed == {"aggregate", "tables", "figures", "claims", "compare"}
     for job in ("pretrain", "sft", "rl", "alignment"):
         assert {"seeds", "methods", "variants", "ranks"}.isdisjoint(job_section(cfg, job)), job
 

@@ -34,6 +34,11 @@ CLAIM_EVIDENCE.append(f"{RESULTS}/claims/sft_rl.json")
 REPORT_TARGETS.extend(list(SFT_RL_TABLES.values()) + list(SFT_RL_FIGURES.values()))
 if SFT_RL.lr_selection.enabled:
     REPORT_TARGETS.append(SFT_RL_SELECTION_TABLE["md"])
+# Round 5: each run at an earlier budget against the earlier records of its cell (compare_with, earlier.py)
+SFT_RL_COMPARE = (sft_rl_plan.compare_paths(TABLES, SFT_RL.compare_with.rl_steps)
+                  if SFT_RL.compare_with.enabled else {})
+if SFT_RL_COMPARE:
+    REPORT_TARGETS.append(SFT_RL_COMPARE["md"])
 if SFT_RL.rl.length_groups > 0:  # the bench compares the trimmed path with the padded one: none without the trim
     REPORT_TARGETS.append(f"{RESULTS}/bench/sft_rl.json")
 
@@ -368,6 +373,31 @@ rule sft_rl_bench:
         "{params.gf} sft-rl-bench --cfg {params.cfg} --init $(dirname {input.init}) --out {output} > {log} 2>&1"
 
 
+if SFT_RL_COMPARE:
+
+    rule sft_rl_compare:
+        input:
+            aggregate=f"{SFT_RL_ROOT}/aggregate.csv",
+            records=sft_rl_plan.earlier_records(SFT_RL.compare_with.records),
+        output:
+            csv=SFT_RL_COMPARE["csv"],
+            md=report(SFT_RL_COMPARE["md"], category="sft_rl"),
+        params:
+            gf=GF,
+            cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "compare"),
+            scale=SCALE,
+        log:
+            f"{SFT_RL_ROOT}/logs/compare.log",
+        conda:
+            CONDA_ENV
+        threads: 1
+        resources:
+            **rule_resources("sft_rl_compare"),
+        shell:
+            "{params.gf} sft-rl-compare --cfg {params.cfg} --scale {params.scale} --aggregate {input.aggregate} "
+            "--records {input.records} --csv {output.csv} --md {output.md} > {log} 2>&1"
+
+
 rule sft_rl_claims:
     input:
         aggregate=f"{SFT_RL_ROOT}/aggregate.csv",
@@ -396,6 +426,7 @@ rule sft_rl:
         list(SFT_RL_SELECTION_TABLE.values()) if SFT_RL.lr_selection.enabled else [],
         list(SFT_RL_TABLES.values()),
         list(SFT_RL_FIGURES.values()),
+        list(SFT_RL_COMPARE.values()),
         f"{RESULTS}/claims/sft_rl.json",
         # the bench compares round 3's RL path with the trim: a config without the trim (paper) has nothing to bench
         [f"{RESULTS}/bench/sft_rl.json"] if SFT_RL.rl.length_groups > 0 else [],

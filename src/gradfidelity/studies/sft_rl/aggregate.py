@@ -1,4 +1,5 @@
-"""Run directories (the rule's {input}) -> one tidy CSV: one row per table cell (model, variant, method, seed).
+"""Run directories (the rule's {input}) -> one tidy CSV: one row per table cell (model, variant, method, seed) and
+RL budget.
 
 An aggregation reads the files it is given, never the path layout: each run's identity comes from its records
 through the one harness loader (runs of another scale refused): its plan cell (`harness.results.cell_of`: the
@@ -6,6 +7,12 @@ rule's wildcards model, variant, method and seed, and the stage the runner ran, 
 harness for ok and diverged runs alike), its status and metrics from metrics.json. `plan.cell_run` says which run a
 table cell reads: the truncated SFT-then-RL reads the sft_then_rl run's `truncated` block, and a `both` cell none of
 whose stages runs on buggy infrastructure reads the fixed run (`run_variant` says which).
+
+RL budgets (round 5, issue 46): every budget of `StudyConfig.budgets` (rl.eval_steps and rl.steps, in RL steps) gets
+its own rows, `budget` saying which. An RL-stage cell at a smaller budget reads its run's evaluation at that step
+(`at_step`, made inside the run: the first k steps of the long run are the k-step run) and its histories cut to k
+steps; the truncated SFT-then-RL at each budget reads the step `cfg.truncated_at(budget)`. SFT and base rows are
+the same at every budget (they have no RL stage), repeated so that each budget's rows pair by seed on their own.
 
 The shared base model is a row too (method `base`, run_variant `shared`, one per table variant and seed, FLOPs 0):
 every arm's start is a row of the same CSV (plan.start_method), so a gain over the start is a paired difference.
@@ -38,7 +45,7 @@ HISTORIES = ("reward_history", "loss_history", "zero_adv_history")
 # demo_tokens: tokens of expert demonstrations trained on (SFT batches, mixed-policy demonstration forwards; the
 # upstream SFT's for sft_then_rl); gen_tokens: tokens generated (prefill included); lr: the RL stage's learning rate
 COUNTS = ("flops", "demo_tokens", "gen_tokens")
-COLUMNS = ("model", "variant", "method", "seed", "run", "run_variant", "status", *ACC, *NLL, *COUNTS, "lr",
+COLUMNS = ("model", "variant", "method", "seed", "budget", "run", "run_variant", "status", *ACC, *NLL, *COUNTS, "lr",
            "rl_steps", *HISTORIES)
 BASE = "base"  # the method name of the shared base model's rows
 
@@ -59,19 +66,35 @@ def _identity(rec: dict) -> tuple[str, str, str, int]:
     return cell["model"], cell["variant"], "sft" if stage == "sft" else cell["method"], int(cell["seed"])
 
 
-def _cell(rec: dict, method: str) -> dict:
-    """One run's numbers for a table cell (the truncated method reads the sft_then_rl run's truncated block)."""
+def _at(rec: dict, step: int) -> dict:
+    """A run's evaluation at RL step `step` (its `at_step` block), or a loud error naming the run and the step."""
+    found = (rec["metrics"].get("at_step") or {}).get(str(step))
+    if found is None:
+        raise UserError(f"{rec['path']}: no evaluation at RL step {step} (metrics.at_step); the config's budgets "
+                        "need it: rerun the run with this rl.eval_steps")
+    return found
+
+
+def _cell(rec: dict, method: str, budget: int | None = None, cfg: StudyConfig | None = None) -> dict:
+    """One run's numbers for a table cell at RL budget `budget` (None or rl.steps: the run's end). The truncated
+    method reads the sft_then_rl run at the budget's truncation step; an RL-stage cell at a smaller budget reads
+    the run's evaluation at that step, with its histories cut there."""
     if rec["status"] != "ok":
         return {"status": rec["status"]}
     m = rec["metrics"]
+    full = budget is None or cfg is None or budget == cfg.rl.steps
     try:
         if method == BASE:
             return {"status": "ok", **{k: float(m[k]) for k in ACC + NLL}, **{k: 0.0 for k in COUNTS}}
         if method == "sft_then_rl_truncated":  # the first k steps of the sft_then_rl run
-            t = m["truncated"]
+            t = m["truncated"] if full else _at(rec, cfg.truncated_at(budget))
             steps = int(t["rl_steps"])
             return {"status": "ok", **{k: float(t[k]) for k in ACC + NLL + list(COUNTS)}, "lr": float(m["lr"]),
                     "rl_steps": steps, **{h: m[h][:steps] for h in HISTORIES}}
+        if method != "sft" and not full:  # an RL-stage cell at a smaller budget: the run at that step
+            t = _at(rec, budget)
+            return {"status": "ok", **{k: float(t[k]) for k in ACC + NLL + list(COUNTS)}, "lr": float(m["lr"]),
+                    "rl_steps": budget, **{h: (m.get(h) or [])[:budget] for h in HISTORIES}}
         rl = {"lr": float(m["lr"]), "zero_adv_history": m["zero_adv_history"]} if method != "sft" else {}
         return {"status": "ok", **{k: float(m[k]) for k in ACC + NLL + list(COUNTS)},
                 **{k: m.get(k) for k in HISTORIES}, **rl}
@@ -102,19 +125,21 @@ def collect(cfg: StudyConfig, records: list[dict]) -> pd.DataFrame:
         if model not in bases:
             raise UserError(f"missing run: the {model} base model is not among the aggregated runs (every arm's "
                             "start); rerun the sft_rl rules")
-        for seed in cfg.seeds:
-            for variant in plan.table_variants(cfg):
-                rows.append({"model": model, "variant": variant, "method": BASE, "seed": int(seed),
-                             "run": bases[model]["run_dir"], "run_variant": "shared", **_cell(bases[model], BASE)})
-            for variant, method in plan.table_cells(cfg):
-                run_variant, run_method = plan.cell_run(cfg, variant, method)
-                rec = runs.get((model, run_variant, run_method, int(seed)))
-                if rec is None:
-                    raise UserError(f"missing run: {model} {run_variant}/{run_method} seed {seed} (the "
-                                    f"{variant}/{method} cell) is not among the aggregated runs; rerun the sft_rl "
-                                    "rules")
-                rows.append({"model": model, "variant": variant, "method": method, "seed": int(seed),
-                             "run": rec["run_dir"], "run_variant": run_variant, **_cell(rec, method)})
+        for budget in cfg.budgets:
+            for seed in cfg.seeds:
+                key = {"model": model, "seed": int(seed), "budget": budget}
+                for variant in plan.table_variants(cfg):
+                    rows.append({**key, "variant": variant, "method": BASE, "run": bases[model]["run_dir"],
+                                 "run_variant": "shared", **_cell(bases[model], BASE)})
+                for variant, method in plan.table_cells(cfg):
+                    run_variant, run_method = plan.cell_run(cfg, variant, method)
+                    rec = runs.get((model, run_variant, run_method, int(seed)))
+                    if rec is None:
+                        raise UserError(f"missing run: {model} {run_variant}/{run_method} seed {seed} (the "
+                                        f"{variant}/{method} cell) is not among the aggregated runs; rerun the "
+                                        "sft_rl rules")
+                    rows.append({**key, "variant": variant, "method": method, "run": rec["run_dir"],
+                                 "run_variant": run_variant, **_cell(rec, method, budget, cfg)})
     return pd.DataFrame(rows).reindex(columns=list(COLUMNS))
 
 
@@ -153,6 +178,15 @@ def fifth_rise(history: list[float] | None) -> float:
     """The last fifth's mean minus the first fifth's (nan without 5 steps): did the training reward rise?"""
     f = fifths(history)
     return math.nan if f is None else f[1] - f[0]
+
+
+def at_budget(df: pd.DataFrame, budget: int) -> pd.DataFrame:
+    """The tidy CSV's rows at one RL budget (RL steps), or a loud error naming the budgets it has."""
+    rows = df[df.budget.astype(int) == int(budget)]
+    if rows.empty:
+        raise UserError(f"the sft_rl aggregate has no rows at an RL budget of {budget} steps (it has "
+                        f"{sorted(set(df.budget.astype(int)))}): rebuild it with this config")
+    return rows
 
 
 def summarise(df: pd.DataFrame) -> pd.DataFrame:

@@ -19,6 +19,8 @@ difference per mixed method under `both` at the Holm level, the largest t decidi
 much SFT-then-RL's lead shrinks from `fixed` to `both` (the paper's explanation of the published ordering); A9
 truncated SFT-then-RL against every mixed method (accuracy, paired) with fewer FLOPs than each (exact, counted), the
 FLOPs part with the budget's demonstration:rollout token ratio beside it (round 4: a note, no longer a gate).
+Round 5 (issue 46): the claims read the largest RL budget (rl.steps); each smaller budget's reading of the same
+claim (the same runs evaluated at that step, aggregate.py) is shown beside it, never a verdict.
 """
 
 from __future__ import annotations
@@ -43,15 +45,16 @@ from gradfidelity.claims.verdict import Verdict
 from gradfidelity.stats.effects import per_seed_floor, zero_effect_floor
 from gradfidelity.stats.intervals import one_sided_p
 from gradfidelity.studies.sft_rl import plan
-from gradfidelity.studies.sft_rl.aggregate import BASE, fifth_rise
+from gradfidelity.studies.sft_rl.aggregate import BASE, at_budget, fifth_rise
 from gradfidelity.studies.sft_rl.baseline import GATE, GATE_MARGIN, constant_baseline
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import EVAL_SETS
 
 # The registry rows' `evidence_version` this module computes (2: the counted-set score, the base-model reference
 # gate, rl_learns, arms_learned, A8-mech and A9's recipe gate, issue 24; 3: A9's FLOPs part no longer gated on the
-# recipe's token ratio, issue 36); raised together with the rows whenever a metric changes, so that evidence of the
-# old metric is never judged by the new check.
+# recipe's token ratio, issue 36; 4: A6's statistic of mean effects and every claim read at the largest RL budget,
+# 25,600 rollouts at cpu scale, with the smaller budget and nll_id beside it, issue 46); raised together with the
+# rows whenever a metric changes, so that evidence of the old metric is never judged by the new check.
 EVIDENCE_VERSION = 4
 RL_GATE, ARMS_GATE = "rl_learns", "arms_learned"
 SCORE = "acc_counted"  # the claims' score: mean accuracy over the counted eval sets (counted_sets)
@@ -444,7 +447,11 @@ def _a9(df: pd.DataFrame, model: str, mixed: list[str], gates: list, src_main: l
                                    f"fixed: truncated sft_then_rl minus {m}", gates=[], sources=main)
             for m in mixed}
     parts = {"accuracy": weakest(accs), "flops": _a9_flops(df, model, mixed, main, _token_ratio(df, model))}
-    return _with_parts(parts, _join(*(f"{k}: {v['detail']}" for k, v in parts.items())), gates, src_main, *arms)
+    budget = ("the truncated arm trains 10% of the RL budget, the mixed arms all of it: a larger budget widens the "
+              "FLOPs gap, so doubling the mixed arms' FLOPs makes the FLOPs part easier to pass (the smaller "
+              "budget's reading is shown beside)")
+    return _with_parts(parts, _join(*(f"{k}: {v['detail']}" for k, v in parts.items()), budget), gates, src_main,
+                       *arms)
 
 
 def _a9_flops(df: pd.DataFrame, model: str, mixed: list[str], main: list[str], ratio_note: str) -> dict:
@@ -518,12 +525,22 @@ def claims(df: pd.DataFrame, cfg: StudyConfig, scale: str, tables: dict, baselin
 
     `tables`: {"main": [paths], "ablation": [paths]}, the tables each claim cites as its sources."""
     baseline = constant_baseline(cfg) if baseline is None else baseline
-    out = _claims_for(df, cfg, cfg.models[0].name, baseline, tables)
+    full, model = at_budget(df, cfg.rl.steps), cfg.models[0].name
+    out = _claims_for(full, cfg, model, baseline, tables)
     if NLL in df.columns:
-        nll = _claims_for(df, cfg, cfg.models[0].name, baseline, tables, score=NLL)
+        nll = _claims_for(full, cfg, model, baseline, tables, score=NLL)
         for cid, rec in out.items():
             rec["detail"] = _join(rec.get("detail", ""), _nll_reading(rec, nll[cid]))
+    for budget in cfg.budgets[:-1]:  # the smaller budgets: the same claims on the same runs read earlier
+        early = _claims_for(at_budget(df, budget), cfg, model, baseline, tables)
+        rollouts = budget * cfg.rl.prompts_per_step * cfg.rl.num_generations
+        for cid, rec in out.items():
+            if cid in ("A5", "A6"):  # SFT only: the same numbers at every budget
+                continue
+            gated = "; ".join(f"{g['name']} {'passes' if g['passed'] else 'fails'}" for g in early[cid]["gates"])
+            rec["detail"] = _join(rec.get("detail", ""), f"at {rollouts:,} rollouts ({budget} RL steps), a reading "
+                                  f"(not a verdict): {_summary(early[cid])} ({gated})")
     for m in cfg.models[1:]:
-        for cid, v in _claims_for(df, cfg, m.name, baseline, tables).items():
+        for cid, v in _claims_for(at_budget(df, cfg.rl.steps), cfg, m.name, baseline, tables).items():
             out[cid]["detail"] += f"; other model {m.name}: {_summary(v)}"
     return {"study": "sft_rl", "scale": scale, "evidence_version": EVIDENCE_VERSION, "values": out}

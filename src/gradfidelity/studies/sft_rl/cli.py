@@ -112,6 +112,17 @@ def _claims(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from gradfidelity.studies.sft_rl.aggregate import read_aggregate
+    from gradfidelity.studies.sft_rl.earlier import write_comparison
+
+    cfg = _cfg(args, "compare")
+    cmp = cfg.compare_with
+    write_comparison(cfg, read_aggregate(args.aggregate), cmp.records, args.records, cmp.rl_steps, args.scale,
+                     Path(args.csv), Path(args.md))
+    return 0
+
+
 def _table_paths(p) -> None:
     for k in TABLES:
         p.add_argument(f"--{k.replace('_', '-')}", required=True, dest=k)
@@ -186,6 +197,16 @@ def register(sub) -> None:
     p.add_argument("--start", nargs="*", help="METHOD=metrics.json of the run each arm starts from (compared on val)")
     p.add_argument("--n-val", type=int, help="the val set's size (the start comparison's evaluation noise)")
     p.set_defaults(func=_select_lr)
+
+    p = sub.add_parser("sft-rl-compare", help="sft_rl: each run at an earlier RL budget against the earlier record "
+                                              "of its cell (compare_with)")
+    p.add_argument("--cfg", required=True)
+    p.add_argument("--scale", required=True)
+    p.add_argument("--aggregate", required=True, help="the tidy CSV of this config's runs")
+    p.add_argument("--records", nargs="+", required=True, help="every earlier run's metrics.json")
+    p.add_argument("--csv", required=True)
+    p.add_argument("--md", required=True)
+    p.set_defaults(func=_compare)
 
     p = sub.add_parser("sft-rl-alignment", help="sft_rl: Gram matrices of real SFT micro-batch gradients (for A3)")
     p.add_argument("--cfg", required=True)

@@ -148,6 +148,19 @@ class LRSelectionConfig:
 
 
 @dataclass(frozen=True)
+class CompareWithConfig:
+    """`compare_with`: earlier records of this study (a folder of run directories) whose RL stage ended at `rl_steps`,
+    each compared with the live run of the same cell evaluated at that step (earlier.py). Empty records: none."""
+
+    records: str
+    rl_steps: int
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.records)
+
+
+@dataclass(frozen=True)
 class DeepSpeedConfig:
     """`deepspeed`: the engine every training stage runs on (infra.ds_config turns it into DeepSpeed's JSON).
 
@@ -178,6 +191,7 @@ class StudyConfig:
     sft: SFTConfig | None
     rl: RLConfig | None
     mixed: MixedConfig | None
+    compare_with: CompareWithConfig | None
     lr_selection: LRSelectionConfig | None
     deepspeed: DeepSpeedConfig | None
     data: DataConfig | None
@@ -198,6 +212,10 @@ class StudyConfig:
             if self.task is not None and self.data is not None and self.data.source == "arithmetic" \
                     and self.task.n_val == 0:
                 raise UserError("sft_rl.lr_selection.lrs: the selection scores val accuracy; set sft_rl.task.n_val")
+        cmp = self.compare_with
+        if cmp is not None and cmp.enabled and self.rl is not None and cmp.rl_steps not in self.budgets:
+            raise UserError(f"sft_rl.compare_with.rl_steps: {cmp.rl_steps} is not one of this config's RL budgets "
+                            f"{self.budgets} (rl.eval_steps and rl.steps): the live runs have no evaluation there")
 
     def model(self, name: str) -> ModelConfig:
         for m in self.models:

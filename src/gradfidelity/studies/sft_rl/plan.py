@@ -16,7 +16,10 @@ stream, so the first k steps of the long run are the k-step run).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from gradfidelity.errors import UserError
 
 if TYPE_CHECKING:
     from gradfidelity.studies.sft_rl.config import StudyConfig
@@ -179,6 +182,19 @@ def table_paths(tables: str) -> dict[str, str]:
 def selection_table_paths(tables: str) -> dict[str, str]:
     """The LR selection's table (lr_select.write_selection) under `tables`."""
     return {"csv": f"{tables}/sft_rl_lr_selection.csv", "md": f"{tables}/sft_rl_lr_selection.md"}
+
+
+def compare_paths(tables: str, rl_steps: int) -> dict[str, str]:
+    """The comparison with earlier records at an RL budget of `rl_steps` steps (earlier.py) under `tables`."""
+    return {"csv": f"{tables}/sft_rl_step{rl_steps}.csv", "md": f"{tables}/sft_rl_step{rl_steps}.md"}
+
+
+def earlier_records(folder: str) -> list[str]:
+    """Every run's metrics.json under `folder` (replays left out), sorted; a loud error when there is none."""
+    found = sorted(str(p) for p in Path(folder).rglob("metrics.json") if "replay" not in p.parts)
+    if not found:
+        raise UserError(f"sft_rl.compare_with.records: no metrics.json under {folder}")
+    return found
 
 
 def figure_paths(figures: str) -> dict[str, str]:

@@ -27,10 +27,12 @@ JOB_KEYS = {
     "bench": _COMMON + ("sft", "rl", "deepspeed"),
     # The analysis jobs: which cells exist (aggregate), what the notes and the constant-answer row say (tables),
     # what is drawn (figures), the claims' models, methods and constant-answer gate (claims).
-    "aggregate": ("models", "seeds", "methods", "variants", "bug_stages"),
+    # `rl`: the RL budgets each reads (rl.eval_steps and rl.steps, round 5)
+    "aggregate": ("models", "seeds", "methods", "variants", "bug_stages", "rl"),
     "tables": ("methods", "bug_stages", "task", "data", "sft", "rl", "deepspeed"),
-    "figures": ("models", "methods", "variants"),
-    "claims": ("models", "methods", "task", "data"),
+    "figures": ("models", "methods", "variants", "rl"),
+    "claims": ("models", "methods", "task", "data", "rl"),
+    "compare": ("models", "seeds", "methods", "variants", "bug_stages", "rl", "compare_with"),
 }
 
 # Wildcard constraints of the training rules (a `base`, `alignment` or `lr_grid` directory never reads as a variant).

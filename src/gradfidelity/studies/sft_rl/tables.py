@@ -9,7 +9,9 @@ accuracy over those seeds (`macro_ci95`), the interval a reader compares cells b
 per-seed values of the tidy CSV, so the table and the claim show one interval for one number. Round 3 (issue 24)
 adds what says whether an arm learned at all: its start, its paired gain over that start on `id`, its RL learning
 rate, the demonstration and generated tokens it trained on, and the share of GRPO groups with zero advantage.
-All eval sets are shown, also those the claims do not count (claims.counted_sets).
+All eval sets are shown, also those the claims do not count (claims.counted_sets). Round 5 (issue 46): one block of
+rows per RL budget (`rollouts`: RL steps x prompts x rollouts per prompt), each read off the same runs
+(aggregate.py), with the t intervals of the mean `id` accuracy and `id` NLL beside the macro's.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pandas as pd
 from gradfidelity.claims.evidence import level_for
 from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.sft_rl import plan
-from gradfidelity.studies.sft_rl.aggregate import ACC, BASE, fifths, summarise
+from gradfidelity.studies.sft_rl.aggregate import ACC, BASE, at_budget, fifths, summarise
 from gradfidelity.studies.sft_rl.baseline import CONSTANT, GATE, GATE_MARGIN, constant_baseline
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import EVAL_SETS
@@ -40,13 +42,14 @@ def _fmt(mean: float, sd: float, n: int, n_div: int, digits: int = 1) -> str:
     return s + (f" ({n_div}/{n} diverged)" if n_div else "")
 
 
-def macro_intervals(df: pd.DataFrame, level: float) -> dict[tuple[str, str, str], str]:
-    """The t interval (at `level`) of the mean macro accuracy over the finished seeds of each (model, variant,
-    method) cell of the tidy CSV, formatted ("n/a" with fewer than two)."""
+def macro_intervals(df: pd.DataFrame, level: float, key: str = "acc_macro",
+                    digits: int = 1) -> dict[tuple[str, str, str], str]:
+    """The t interval (at `level`) of the mean `key` (default the macro accuracy) over the finished seeds of each
+    (model, variant, method) cell of the tidy CSV at one budget, formatted ("n/a" with fewer than two)."""
     out = {}
-    for key, g in df.groupby(["model", "variant", "method"], sort=False):
+    for cell, g in df.groupby(["model", "variant", "method"], sort=False):
         ok = g[g.status == "ok"]
-        out[key] = t_interval(ok["acc_macro"].astype(float), level).fmt(1) if len(ok) else "n/a"
+        out[cell] = t_interval(ok[key].astype(float), level).fmt(digits) if len(ok) else "n/a"
     return out
 
 
@@ -79,10 +82,9 @@ def arm_columns(df: pd.DataFrame, level: float) -> dict[tuple[str, str, str], di
     return out
 
 
-def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md: Path,
-               intervals: dict[tuple[str, str, str], str], level: float,
-               arms: dict[tuple[str, str, str], dict[str, str]]) -> pd.DataFrame:
-    """`intervals`: `macro_intervals` of the tidy CSV at `level`; `arms`: its `arm_columns` at `level`."""
+def main_rows(summary: pd.DataFrame, cfg: StudyConfig, intervals: dict[str, dict], arms: dict) -> pd.DataFrame:
+    """The main table's rows at one budget: `summary` (aggregate.summarise) of that budget's rows, `intervals`
+    {"macro", "id", "nll_id"}: `macro_intervals` of them, `arms`: their `arm_columns`."""
     s = summary[summary.variant.isin(plan.TABLE_VARIANTS)].copy()
     order = {BASE: -1, **{m: i for i, m in enumerate(cfg.methods)}}
     s = s.sort_values(["model", "variant", "method"], key=lambda c: c.map(order) if c.name == "method" else c)
@@ -92,23 +94,41 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
     for k in ACC:
         out[k.replace("acc_", "")] = [_fmt(a, b, n, d) for a, b, n, d in
                                      zip(s[f"{k}_mean"], s[f"{k}_sd"], s.n_seeds, s.n_diverged, strict=True)]
-    out["macro_ci95"] = [intervals[key] for key in keys]
+    out["macro_ci95"] = [intervals["macro"][key] for key in keys]
+    out["id_ci95"] = [intervals["id"][key] for key in keys]
     for col in ("gain_id_ci95", "lr"):
         out[col] = [arms[k][col] for k in keys]
     out["nll_id"] = [_fmt(a, b, n, d, 3) for a, b, n, d in
                     zip(s["nll_id_mean"], s["nll_id_sd"], s.n_seeds, s.n_diverged, strict=True)]
+    out["nll_id_ci95"] = [intervals["nll_id"][key] for key in keys]
     out["PFLOPs"] = [f"diverged ({d}/{n})" if d >= n else f"{x / 1e15:.4g}"
                     for x, n, d in zip(s["flops_mean"], s.n_seeds, s.n_diverged, strict=True)]
     for col in ("demo_tokens", "gen_tokens", "zero_adv"):
         out[col] = [arms[k][col] for k in keys]
+    return out
+
+
+def main_table(df: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md: Path, level: float) -> None:
+    """The main table: every arm at every RL budget (`rollouts`), from the tidy CSV `df`."""
+    blocks = []
+    for budget in cfg.budgets:
+        d = at_budget(df, budget)
+        intervals = {"macro": macro_intervals(d, level), "id": macro_intervals(d, level, "acc_id"),
+                     "nll_id": macro_intervals(d, level, "nll_id", 3)}
+        block = main_rows(summarise(d), cfg, intervals, arm_columns(d, level))
+        block.insert(3, "rollouts", f"{budget * cfg.rl.prompts_per_step * cfg.rl.num_generations:,}")
+        blocks.append(block)
+    out = pd.concat(blocks, ignore_index=True)
     out = out.astype({"n_seeds": object, "n_diverged": object})
     if "error" in baseline:
         base_note = f"constant_answer: not computed ({baseline['error']})."
     else:
-        const = [{"model": "(any)", "variant": "-", "method": CONSTANT, "start": "-", "n_seeds": "-",
-                  "n_diverged": "-", "run_variant": "-", **{x: f"{baseline['sets'][x]['acc']:.1f}" for x in EVAL_SETS},
-                  "macro": f"{baseline['acc_macro']:.1f}", "macro_ci95": "-", "gain_id_ci95": "-", "lr": "-",
-                  "nll_id": "-", "PFLOPs": "0", "demo_tokens": "-", "gen_tokens": "-", "zero_adv": "-"}]
+        const = [{"model": "(any)", "variant": "-", "method": CONSTANT, "rollouts": "-", "start": "-",
+                  "n_seeds": "-", "n_diverged": "-", "run_variant": "-",
+                  **{x: f"{baseline['sets'][x]['acc']:.1f}" for x in EVAL_SETS},
+                  "macro": f"{baseline['acc_macro']:.1f}", "macro_ci95": "-", "id_ci95": "-", "gain_id_ci95": "-",
+                  "lr": "-", "nll_id": "-", "nll_id_ci95": "-", "PFLOPs": "0", "demo_tokens": "-",
+                  "gen_tokens": "-", "zero_adv": "-"}]
         out = pd.concat([out, pd.DataFrame(const)], ignore_index=True)
         answers = ", ".join(f"{x} '{baseline['sets'][x]['answer']}'" for x in EVAL_SETS)
         base_note = (f"constant_answer: always the most frequent answer of each eval set ({answers}), the best any "
@@ -117,8 +137,13 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
     notes = [
         "Accuracy in points (exact match, greedy decoding), mean ± sd over the seeds that finished; a cell with "
         "diverged seeds says how many ('diverged (k/n)' when none finished); macro = mean of id, long, ood; "
-        f"macro_ci95: the {level * 100:g}% t interval of the mean macro accuracy over the finished seeds (the "
-        "claims pair seeds across cells, so their intervals are narrower than two of these side by side suggest).",
+        f"macro_ci95, id_ci95: the {level * 100:g}% t intervals of the mean macro and `id` accuracy over the finished "
+        "seeds (the claims pair seeds across cells, so their intervals are narrower than two of these side by side "
+        "suggest).",
+        f"rollouts: the RL budget, RL steps x {cfg.rl.prompts_per_step} prompts x {cfg.rl.num_generations} rollouts "
+        f"(budgets {', '.join(map(str, cfg.budgets))} steps); a budget below {cfg.rl.steps} steps is the same runs "
+        "evaluated at that step (constant LR, one RNG stream: the first k steps of the long run are the k-step run), "
+        "SFT and base rows are the same at every budget. The claims read the largest budget.",
         f"base: the shared base model every arm but SFT-then-RL starts from (one run, repeated per variant and seed "
         f"so that gains pair by seed; FLOPs and tokens 0); every claim is gated on fixed SFT reaching the base "
         f"model's `id` accuracy + {GATE_MARGIN:g} points (`{GATE}`).",
@@ -128,7 +153,8 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
         "all? (The claims gate on it: SFT-then-RL must beat its SFT, each mixed arm its base.)",
         "lr: the RL stage's learning rate (mean over the finished seeds; '-' for SFT and base).",
         "nll_id: the secondary endpoint, teacher-forced NLL (nats/token) of the held-out `id` demonstrations "
-        "(solution + EOS given the prompt), mean ± sd over seeds: no sampling, so far less noisy than accuracy.",
+        "(solution + EOS given the prompt), mean ± sd over seeds: no sampling, so far less noisy than accuracy; "
+        f"nll_id_ci95: the {level * 100:g}% t interval of its mean.",
         "`fixed`: deepspeed 0.19.8 + global token mean; `both`: deepspeed 0.18.9 (CPU-offload accumulation bug) + "
         "per-micro-batch token mean, applied to the stages in `bug_stages` "
         f"({', '.join(cfg.bug_stages)}); run_variant says which runs a cell reads (a cell whose stages all run "
@@ -143,12 +169,12 @@ def main_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Pat
         "zero_adv: the share of GRPO groups whose rollouts all got the same reward (zero advantage: they teach "
         "nothing), mean of the first fifth of the RL steps -> mean of the last fifth, averaged over seeds; '-' "
         "with fewer than 5 RL steps.",
-        f"sft_then_rl_truncated: the sft_then_rl run evaluated after {cfg.truncated_steps} of {cfg.rl.steps} RL "
-        "steps (the paper's 50-step fraction).",
+        "sft_then_rl_truncated: the sft_then_rl run evaluated after "
+        + ", ".join(f"{cfg.truncated_at(b)} of {b}" for b in cfg.budgets)
+        + " RL steps (the paper's 50-of-500-step fraction of each budget).",
         base_note,
     ]
     write_table(out, csv, md, title="SFT-then-RL vs mixed-policy methods (sft_rl)", notes=notes)
-    return s
 
 
 def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md: Path) -> pd.DataFrame:
@@ -186,7 +212,8 @@ def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv:
 
 def write_tables(df: pd.DataFrame, cfg: StudyConfig, main_csv: Path, main_md: Path, abl_csv: Path,
                  abl_md: Path) -> None:
-    summary, baseline = summarise(df), constant_baseline(cfg)
+    baseline = constant_baseline(cfg)
     level = level_for("A7")  # the claim the accuracies feed: its interval is the table's
-    main_table(summary, cfg, baseline, main_csv, main_md, macro_intervals(df, level), level, arm_columns(df, level))
-    ablation_table(summary, cfg, baseline, abl_csv, abl_md)
+    main_table(df, cfg, baseline, main_csv, main_md, level)
+    # SFT has no RL stage: its rows are the same at every budget, read at the largest
+    ablation_table(summarise(at_budget(df, cfg.rl.steps)), cfg, baseline, abl_csv, abl_md)
