@@ -19,6 +19,19 @@ def test_choose_takes_the_best_finite_point_and_ties_go_to_the_smaller(higher):
         choose({1: math.nan, 2: math.nan}, higher_is_better=higher, what="my study")
 
 
+@pytest.mark.parametrize("higher", [False, True])
+def test_three_or_more_tied_points_choose_their_lower_median_and_a_flat_grid_is_bracketed(higher):
+    """Round 5 (study A): a grid flat at a ceiling chose its smallest point and grew below it; the lower median of
+    the tied points is inside the grid, so nothing is added. Two tied points still choose the smaller."""
+    sign = 1.0 if higher else -1.0
+    flat = {3.33e-6: sign * 100.0, 1e-5: sign * 100.0, 3e-5: sign * 100.0, 1e-4: sign * 100.0, 3e-4: sign * 100.0}
+    assert choose(flat, higher_is_better=higher, what="t") == 3e-5
+    assert extension(flat, 3.0, higher_is_better=higher, what="t") == []
+    four = {1: sign * 5.0, 2: sign * 5.0, 4: sign * 5.0, 8: sign * 5.0, 16: sign * 1.0}
+    assert choose(four, higher_is_better=higher, what="t") == 2  # the lower of the two middles
+    assert choose({1: sign * 1.0, 2: sign * 3.0, 4: sign * 3.0}, higher_is_better=higher, what="t") == 2
+
+
 def test_the_direction_decides_the_winner():
     scores = {1e-4: 40.0, 3e-4: 50.0, 1e-3: 45.0}
     assert choose(scores, higher_is_better=True, what="t") == 3e-4

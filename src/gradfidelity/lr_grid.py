@@ -16,14 +16,21 @@ from gradfidelity.errors import UserError
 
 
 def choose(scores: dict[float, float], *, higher_is_better: bool, what: str) -> float:
-    """The best grid point of {point: score (nan = diverged)}: diverged points excluded, a tie goes to the smaller
-    point (the smaller LR, the safer one). Every point diverged is an error naming `what` (the study, or its key):
-    the grid is too high, and no choice can be made."""
+    """The best grid point of {point: score (nan = diverged)}: diverged points excluded; a tie goes to the lower
+    median of the tied points, which for two is the smaller point (the smaller LR, the safer one). Every point
+    diverged is an error naming `what` (the study, or its key): the grid is too high, and no choice can be made.
+
+    Why the median for three or more (study A, round 5, fixed after its 400-step grid and before any evaluation-seed
+    run): a grid flat at a ceiling (SFT-then-RL at val accuracy 100 at every LR) says nothing about the LR inside the
+    tied range, and "the smaller" walked the choice to the lowest tied point and, past the edge, lower still, to an
+    arm that barely trains. The middle of the tied range is bracketed by tied points and does not depend on where the
+    grid ends. Two tied points choose as before (no committed selection of rounds 1-4 had three tied points)."""
     finite = {x: v for x, v in scores.items() if math.isfinite(v)}
     if not finite:
         raise UserError(f"{what} LR selection: every grid point diverged ({sorted(scores)}); widen the grid")
     best = max(finite.values()) if higher_is_better else min(finite.values())
-    return min(x for x, v in finite.items() if v == best)
+    tied = sorted(x for x, v in finite.items() if v == best)
+    return tied[(len(tied) - 1) // 2]
 
 
 def near_tie(scores: dict[float, float], sd: float, *, higher_is_better: bool, what: str) -> tuple[float, bool]:

@@ -5,7 +5,8 @@ seed `lr_selection.seed` (not an evaluation seed) at every absolute LR of `lr_se
 held-out validation accuracy `acc_val` (points; the `val` split, drawn like the id eval set and disjoint from train
 and eval) in the run's metrics.json. While the best LR sits at an edge of the grid, add one point
 `lr_selection.factor` past that edge and train it (a round; at most `lr_selection.max_extensions` past one edge).
-Then choose the LR with the highest val accuracy (diverged runs excluded; a tie goes to the smaller LR). Every
+Then choose the LR with the highest val accuracy (diverged runs excluded; a tie goes to the
+lower median of the tied LRs, of two the smaller: gradfidelity.lr_grid.choose). Every
 evaluation-seed run of that arm trains at that LR.
 
 Why: the arms differ in how hard they push the policy (an SFT loss mixed in, off-policy demonstrations, a gate), so
@@ -27,8 +28,8 @@ from gradfidelity.studies.sft_rl.plan import RL_STAGE
 
 RULE = ("per model and RL-stage arm, the absolute LR with the highest held-out validation accuracy (acc_val) on the "
         "selection seed, the grid grown by lr_selection.factor past a winning edge until bracketed or "
-        "lr_selection.max_extensions points past one edge (diverged runs excluded, ties to the smaller LR); used by "
-        "every evaluation seed of that arm")
+        "lr_selection.max_extensions points past one edge (diverged runs excluded; ties to the lower median of the "
+        "tied LRs, of two the smaller); used by every evaluation seed of that arm")
 WHAT = "sft_rl"
 
 
