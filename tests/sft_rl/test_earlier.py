@@ -103,3 +103,9 @@ def test_no_earlier_records_and_a_budget_the_runs_lack_are_refused(tmp_path):
         earlier_records(str(tmp_path))
     with pytest.raises(UserError, match=r"compare_with.rl_steps: 7 is not one of this config's RL budgets \[5, 10\]"):
         make_cfg({"rl": {"steps": 10, "eval_steps": [5]}, "compare_with": {"records": "x", "rl_steps": 7}})
+
+
+def test_a_table_with_no_finished_pair_says_so():
+    from gradfidelity.studies.sft_rl.earlier import summary_lines
+
+    assert summary_lines(pd.DataFrame([{"status": "diverged -> ok"}])) == ["no cell finished on both sides"]

@@ -102,6 +102,8 @@ def _record(records: list[dict], run_dir: str) -> dict:
 def summary_lines(table: pd.DataFrame) -> list[str]:
     """Per method, over the distinct runs that kept their LR: how many are identical, the median |change| of acc_id and
     nll_id, and the share of acc_id changes within the earlier seed spread of the cell."""
+    if "same_lr" not in table:  # no pair finished on both sides
+        return ["no cell finished on both sides"]
     ok = table[(table.status == "ok") & table.same_lr.isin(["yes", "-"])]
     ok = ok.drop_duplicates(["method", "run_now"])  # a run two cells share (the mixed arms under both) counts once
     lines = []
@@ -121,7 +123,7 @@ def write_comparison(cfg: StudyConfig, live: pd.DataFrame, folder: str, earlier_
 
     table, facts = compare(cfg, live, earlier_paths, rl_steps, scale)
     rollouts = rl_steps * cfg.rl.prompts_per_step * cfg.rl.num_generations
-    kept = table[(table.status == "ok") & table.same_lr.isin(["yes", "-"])]
+    kept = table[(table.status == "ok") & table.same_lr.isin(["yes", "-"])] if "same_lr" in table else table[:0]
     same_host = bool(len(kept)) and (kept.same_host_type == "yes").all()
     if same_host and (kept.identical != "yes").any():
         bad = kept[kept.identical != "yes"].drop_duplicates("run_now")
