@@ -81,7 +81,9 @@ rule async_pp_train:
 # round that adds nothing (lr_select.py).
 checkpoint async_pp_lr_round:
     input:
-        _ap_rules.lr_round_input(ASYNC_PP, ASYNC_PP_ROOT, checkpoints),
+        # a committed round's document stands like a committed record (sft_rl.smk, sft_rl_lr_round)
+        unless_committed("async_pp_lr_round", f"{ASYNC_PP_ROOT}/{_ap_rules.LR_ROUND}",
+                         _ap_rules.lr_round_input(ASYNC_PP, ASYNC_PP_ROOT, checkpoints)),
     output:
         f"{ASYNC_PP_ROOT}/{_ap_rules.LR_ROUND}",
     wildcard_constraints:

@@ -233,7 +233,10 @@ rule sft_rl_grid:
 # first round that adds nothing (lr_select.py).
 checkpoint sft_rl_lr_round:
     input:
-        sft_rl_rules.lr_round_input(SFT_RL, SFT_RL_ROOT, checkpoints),
+        # a committed round's document stands like a committed record (its grid runs ancient): a fresh clone's file
+        # times must not rerun it, since every run after it would then wait for the round to be re-read
+        unless_committed("sft_rl_lr_round", f"{SFT_RL_ROOT}/{sft_rl_plan.LR_ROUND}",
+                         sft_rl_rules.lr_round_input(SFT_RL, SFT_RL_ROOT, checkpoints)),
     output:
         f"{SFT_RL_ROOT}/{sft_rl_plan.LR_ROUND}",
     wildcard_constraints:
