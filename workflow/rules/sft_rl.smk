@@ -381,7 +381,8 @@ if SFT_RL_COMPARE:
     rule sft_rl_compare:
         input:
             aggregate=f"{SFT_RL_ROOT}/aggregate.csv",
-            records=sft_rl_plan.earlier_records(SFT_RL.compare_with.records),
+            # read when the table is asked for (a checkout without the earlier records still loads and plans)
+            records=lambda wildcards: sft_rl_plan.earlier_records(SFT_RL.compare_with.records),
         output:
             csv=SFT_RL_COMPARE["csv"],
             md=report(SFT_RL_COMPARE["md"], category="sft_rl"),

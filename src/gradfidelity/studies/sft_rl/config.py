@@ -240,12 +240,12 @@ class StudyConfig:
         return sorted({*self.rl.eval_steps, self.rl.steps})
 
     def eval_steps_of(self, method: str) -> list[int]:
-        """The steps below rl.steps at which a run of an RL-stage `method` is evaluated besides its end: every smaller
+        """The steps at which a run of an RL-stage `method` is evaluated inside the run, besides its end: every smaller
         budget, and for SFT-then-RL each budget's truncation step (the truncated arm at that budget)."""
         steps = set(self.rl.eval_steps)
         if method == "sft_then_rl":
             steps |= {self.truncated_at(b) for b in self.budgets}
-        return sorted(k for k in steps if k < self.rl.steps)
+        return sorted(steps)  # a truncation step may be the last step itself (a run of a step or two)
 
     def record(self) -> dict:
         """The sections this config holds, as plain data (what a run records in provenance.json)."""
