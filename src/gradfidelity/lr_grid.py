@@ -37,8 +37,8 @@ def near_tie(scores: dict[float, float], sd: float, *, higher_is_better: bool, w
     """(the chosen point, whether a near-tie moved it): the best point (`choose`), unless the next smaller finite
     point scores within `sd` of it (the seed-to-seed sd, known before the run: on one selection seed a difference
     below it is noise), in which case that smaller, safer point is taken. One step only: the rule settles a near-tie
-    between neighbours; it never walks down the grid. sd 0 is `choose` exactly (equal scores already go to the
-    smaller point)."""
+    between neighbours; it never walks down the grid. sd 0 is `choose` exactly (equal scores already go to their
+    lower median, of two the smaller point)."""
     best = choose(scores, higher_is_better=higher_is_better, what=what)
     if sd < 0 or not math.isfinite(sd):
         raise UserError(f"{what} LR selection: the near-tie sd {sd!r} must be finite and >= 0")

@@ -576,3 +576,7 @@ def test_a_budget_without_its_evaluation_is_a_loud_error(tmp_path):
         agg.collect(cfg, load_run_records(paths, scale=SCALE))
     with pytest.raises(UserError, match="no rows at an RL budget of 7 steps"):
         agg.at_budget(pd.DataFrame({"budget": [5, 10]}), 7)
+
+
+def test_a9_names_the_budget_effect_only_where_a_smaller_budget_is_read(holds):
+    assert "makes the FLOPs part easier to pass" not in holds["A9"]["detail"]  # one budget: nothing read beside

@@ -41,9 +41,8 @@ def _reward(history) -> float:
     return float(np.mean(history)) if isinstance(history, list) and history else math.nan
 
 
-def _host(records: list[dict]) -> str:
-    hosts = {describe_host(read_provenance(r).get("machine", {})) for r in records}
-    return "; ".join(sorted(hosts))
+def _hosts(machines: dict[str, dict], records) -> str:
+    return "; ".join(sorted({describe_host(machines[r["run_dir"]]) for r in records}))
 
 
 def compare(cfg: StudyConfig, live: pd.DataFrame, earlier_paths: list[str], rl_steps: int,
@@ -63,6 +62,8 @@ def compare(cfg: StudyConfig, live: pd.DataFrame, earlier_paths: list[str], rl_s
                         "matches a live cell (model, variant, method, seed)")
     live_records = {r["run_dir"]: r for r in load_run_records(
         [f"{run}/metrics.json" for run in now.run.unique()], scale=scale)}
+    # each run's host, read once (a shared run backs several cells)
+    machines = {r["run_dir"]: read_provenance(r).get("machine", {}) for r in [*records, *live_records.values()]}
     spread = then[then.status == "ok"].groupby(["model", "variant", "method"]).acc_id.std(ddof=1)
     rows = []
     for r in both.itertuples(index=False):
@@ -84,19 +85,11 @@ def compare(cfg: StudyConfig, live: pd.DataFrame, earlier_paths: list[str], rl_s
         row["identical"] = "yes" if equal else "no"
         sd = spread.get((r.model, r.variant, r.method), math.nan)
         row["acc_id_seed_sd_then"] = sd
-        row["same_host_type"] = "yes" if same_host_type(read_provenance(_record(records, r.run_then)).get(
-            "machine", {}), read_provenance(live_records[r.run_now]).get("machine", {})) else "no"
+        row["same_host_type"] = "yes" if same_host_type(machines[r.run_then], machines[r.run_now]) else "no"
         rows.append(row)
     table = pd.DataFrame(rows)
-    facts = {"host_then": _host(records), "host_now": _host(list(live_records.values())), "rl_steps": rl_steps}
+    facts = {"host_then": _hosts(machines, records), "host_now": _hosts(machines, live_records.values())}
     return table, facts
-
-
-def _record(records: list[dict], run_dir: str) -> dict:
-    for r in records:
-        if r["run_dir"] == run_dir:
-            return r
-    raise UserError(f"{run_dir}: not among the earlier records")
 
 
 def summary_lines(table: pd.DataFrame) -> list[str]:
