@@ -6,10 +6,11 @@ sweep's PipeDream at each depth), train the arm's schedule at every multiplier m
 `lr_selection.seed` (not an evaluation seed), for the grid budget `lr_selection.steps` (default: the main budget
 `train.steps`). While the lowest final validation loss sits at an edge of the grid, add one point 2x past that edge
 and train it (a round; at most `lr_selection.max_extensions` past one edge). Then choose the multiplier with the
-lowest final loss (diverged runs excluded; a tie goes to the smaller LR), unless the next smaller point is within
-the optimizer's seed-to-seed sd (`lr_selection.near_tie_sd`, fixed before the run from the previous round's seeds):
-then that smaller LR, recorded as a near-tie (issue 37: on one selection seed AdamW-0.95's 8x beat 4x by 0.008 nats
-and Adan's 16x beat 8x by 0.01, and Adan's evaluation seeds were unstable at 16x). The sync arm's choice is
+lowest final loss (diverged runs excluded; an exact tie goes to the lower median of the tied points, of two the
+smaller LR: lr_grid.choose), unless the next smaller point is within the optimizer's seed-to-seed sd
+(`lr_selection.near_tie_sd`, fixed before the run from the previous round's seeds): then that smaller LR, recorded
+as a near-tie (issue 37: on one selection seed AdamW-0.95's 8x beat 4x by 0.008 nats and Adan's 16x beat 8x by
+0.01, and Adan's evaluation seeds were unstable at 16x). The sync arm's choice is
 `lr~tuned` (every sync cell, and the async cells of the secondary column); an async arm's choice is `lr~own` (its
 cells, and the mitigations on top of it).
 
@@ -36,8 +37,9 @@ from gradfidelity.studies.async_pp.plan import OWN, TUNED, cell_from_run, lr_mul
 
 RULE = ("per arm (optimizer, momentum, schedule, depth), the multiplier of the default LR with the lowest final "
         "validation loss of that schedule on the selection seed, the grid grown 2x past a winning edge until "
-        "bracketed (diverged runs excluded, ties to the smaller LR), then the next smaller point if it is within the "
-        "optimizer's seed-to-seed sd (a near-tie); sync's choice = lr~tuned, an async arm's = lr~own")
+        "bracketed (diverged runs excluded, exact ties to their lower median, of two the smaller LR), then the next "
+        "smaller point if it is within the optimizer's seed-to-seed sd (a near-tie); sync's choice = lr~tuned, an "
+        "async arm's = lr~own")
 FACTOR = 2.0  # an extension's step past the winning edge
 
 
