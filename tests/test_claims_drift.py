@@ -105,3 +105,55 @@ def test_a_measurement_of_evidence_that_has_changed_since_reads_stale_not_unchan
     assert flag == f"{STALE}: reproduced, 0.5 exact (drift_avx2_vs_avx512.csv) then" and FRAGILE not in flag
     md = (tmp_path / "c.md").read_text()
     assert f"1 {STALE} (A2: rerun check-reference)" in md
+
+
+def _run_with_record(tmp_path, metrics):
+    run = tmp_path / "runs" / "seed0"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(json.dumps({"study": "ds_audit", "metrics": metrics}))
+    return run
+
+
+def _report_with_source(tmp_path, run, source_rows, source_name):
+    """A2 today reads `run` with the same verdict and value as the drift row recorded: only the run's record can
+    tell whether the measurement is of today's evidence."""
+    pd.DataFrame(source_rows).to_csv(tmp_path / source_name, index=False)
+    vpath = tmp_path / "verdicts_x.csv"
+    _verdicts([{"id": "A2", "committed": "reproduced", "rerun": "reproduced", "unchanged": True,
+                "source": source_name}]).to_csv(vpath, index=False)
+    evidence = tmp_path / "ds.json"
+    evidence.write_text(json.dumps({"study": "ds_audit", "scale": "cpu",
+                                    "values": {"A2": ev.exact(0.0, n=4, sources=[str(run)])}}))
+    df = write_claims_report([evidence], tmp_path / "c.csv", tmp_path / "c.md", "cpu", drift_verdicts=[vpath])
+    return df.set_index("id").loc["A2", "hardware_drift"]
+
+
+@pytest.mark.parametrize("rerun_since", [False, True])
+def test_a_measurement_of_runs_rerun_since_reads_stale_though_its_verdict_and_value_repeat(tmp_path, rerun_since):
+    """Study A's round 5 reran every run behind A7 (a parts claim, 'no value' on both sides, behind a failed gate
+    then and now): the round-4 drift rows matched today's verdict and value and read 'unchanged ... value
+    identical'. The comparison's record digest of each run, against the run's record now, tells them apart."""
+    from gradfidelity.claims.report import STALE
+    from gradfidelity.reference.check import RECORD, record_digest
+
+    run = _run_with_record(tmp_path, {"x": 1.0})
+    digest = record_digest(json.dumps({"study": "ds_audit", "metrics": {"x": 1.0}}))
+    if rerun_since:
+        (run / "metrics.json").write_text(json.dumps({"study": "ds_audit", "metrics": {"x": 2.0}}))
+    flag = _report_with_source(tmp_path, run, [{"run": str(run), "metric": RECORD, "committed": digest,
+                                                "rerun": digest}], "check_reference_x.csv")
+    assert flag.startswith(STALE) if rerun_since else flag.startswith("unchanged under")
+
+
+@pytest.mark.parametrize("rerun_since", [False, True])
+def test_a_two_rerun_drift_measurement_is_stale_when_todays_value_is_neither_side(tmp_path, rerun_since):
+    """A drift measurement of two reruns keeps no committed value: today's value of a metric it compared must be
+    one of its two sides, else the run was rerun since (round 4's base model: 36.17 at AVX512, 35.0 now)."""
+    from gradfidelity.claims.report import STALE
+
+    run = _run_with_record(tmp_path, {"acc_id": 35.0 if rerun_since else 36.166666666666664})
+    flag = _report_with_source(tmp_path, run, [{"study": "sft_rl", "run": str(run), "metric": "acc_id",
+                                                "capability_a": "AVX2", "value_a": 34.833333333333336,
+                                                "capability_b": "AVX512", "value_b": 36.166666666666664}],
+                               "drift_x.csv")
+    assert flag.startswith(STALE) if rerun_since else flag.startswith("unchanged under")

@@ -7,6 +7,9 @@ REPORT_SUMMARY = f"{RESULTS}/report/summary.rst"
 # Verdicts recomputed under measured hardware drift (check-reference --measure-drift), committed with the cpu
 # scale: the claims report flags a claim whose verdict flips there. None at a scale without them.
 DRIFT_VERDICTS = sorted(glob.glob(f"{RESULTS}/reference/verdicts_*.csv"))
+# The comparisons they were recomputed from: verify reads their run records to tell a measurement of today's runs
+# from one of runs rerun since (claims/report.py, changed_runs).
+DRIFT_SOURCES = sorted(set(glob.glob(f"{RESULTS}/reference/*.csv")) - set(DRIFT_VERDICTS))
 
 
 rule runs_table:
@@ -76,6 +79,7 @@ rule verify:
     input:
         evidence=CLAIM_EVIDENCE,
         drift_verdicts=DRIFT_VERDICTS,
+        drift_sources=DRIFT_SOURCES,
     output:
         csv=f"{TABLES}/claims.csv",
         md=report(f"{TABLES}/claims.md", category="Claims"),

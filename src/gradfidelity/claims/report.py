@@ -9,6 +9,7 @@ failure. Nothing here judges drift itself: the flag is read from the measurement
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from gradfidelity.claims.verdict import ARITHMETIC_BAD, ARITHMETIC_OK, MEASURED_
 from gradfidelity.claims.verify import load_evidence, verify
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
+from gradfidelity.reference.check import RECORD, record_digest
 from gradfidelity.tables import markdown
 
 
@@ -62,7 +64,8 @@ DRIFT_COLUMNS = {"id", "committed", "rerun", "unchanged", "committed_value", "re
 
 
 def read_drift_verdicts(paths) -> pd.DataFrame:
-    """The verdict recomputes of every drift measurement given (verdicts_*.csv), in one table."""
+    """The verdict recomputes of every drift measurement given (verdicts_*.csv), in one table; `source_path` is the
+    comparison each row was recomputed from (its `source`, beside the verdicts file)."""
     frames = []
     for path in paths:
         df = pd.read_csv(path)
@@ -70,18 +73,77 @@ def read_drift_verdicts(paths) -> pd.DataFrame:
         if missing:
             raise UserError(f"{path}: no column(s) {sorted(missing)}: not a verdicts file of check-reference "
                             "--measure-drift")
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=sorted(DRIFT_COLUMNS))
+        frames.append(df.assign(source_path=[str(Path(path).parent / s) for s in df["source"]]))
+    return (pd.concat(frames, ignore_index=True) if frames
+            else pd.DataFrame(columns=sorted(DRIFT_COLUMNS | {"source_path"})))
+
+
+def _record_now(run: str) -> dict | None:
+    """The run's record (metrics.json, as a runs table keeps it) in this checkout, None where it has none."""
+    path = Path(run) / "metrics.json"
+    if not path.is_file():
+        return None
+    return {k: v for k, v in json.loads(path.read_text()).items() if k not in ("path", "run_dir")}
+
+
+def _same_number(now, then) -> bool:
+    try:
+        return math.isclose(float(now), float(then), rel_tol=1e-12, abs_tol=0.0) or float(now) == float(then)
+    except (TypeError, ValueError):
+        return False
+
+
+def changed_runs(source_path: str) -> set[str]:
+    """The runs of the comparison `source_path` whose record in this checkout is not the one it compared:
+    - a check-reference comparison (its `(record)` rows): the committed record's digest then against now;
+    - a drift measurement of two reruns (`value_a`, `value_b`): today's value of a metric it compared is neither.
+    A run with no record now counts as changed. Empty for a comparison not in this checkout, or one that kept
+    neither (nothing to tell)."""
+    path = Path(source_path)
+    if not path.is_file():
+        return set()
+    df = pd.read_csv(path)
+    out = set()
+    if {"run", "metric", "committed"} <= set(df.columns):
+        rows = df[(df["metric"] == RECORD) & df["committed"].notna()]
+        for run, then in zip(rows["run"].astype(str), rows["committed"].astype(str), strict=True):
+            record = _record_now(run)
+            if record is None or record_digest(json.dumps(record)) != then:
+                out.add(run)
+    elif {"run", "metric", "value_a", "value_b"} <= set(df.columns):
+        for r in df.itertuples():
+            record = _record_now(str(r.run))
+            if record is None:
+                out.add(str(r.run))
+                continue
+            now = record.get("metrics", {}).get(r.metric) if isinstance(record.get("metrics"), dict) else None
+            if isinstance(now, (int, float)) and not isinstance(now, bool) and not (
+                    _same_number(now, r.value_a) or _same_number(now, r.value_b)):
+                out.add(str(r.run))
+    return out
 
 
 def stale_drift_rows(verdicts: pd.DataFrame, current: pd.DataFrame) -> pd.DataFrame:
-    """The rows of a drift measurement whose committed side is no longer the current evidence (its verdict or value
-    differs from verify's row today: the claim's metric or runs changed since, e.g. a raised evidence version). Such
-    a row says nothing about today's verdict."""
+    """The rows of a drift measurement whose committed side is no longer the current evidence. Such a row says
+    nothing about today's verdict. Stale when:
+    - its verdict or value differs from verify's row today (the claim's metric or runs changed since, e.g. a raised
+      evidence version); or
+    - a run the claim reads today (its evidence's `sources`) had another record when the comparison was made
+      (`changed_runs`). Why: a claim with parts and no single value
+      reads 'no value' on both sides, and a claim behind a failed gate keeps its verdict, so a rerun study (study A's
+      round 5) left their old drift rows looking current ("value identical") although every run behind them had
+      changed."""
     now = current.set_index("id")
+    changed = {p: changed_runs(p) for p in verdicts.get("source_path", pd.Series(dtype=str)).dropna().unique()}
+
+    def reads_changed_run(r) -> bool:
+        sources = str(now.loc[r["id"], "sources"] or "").split() if "sources" in now.columns else []
+        return bool(changed.get(r.get("source_path"), set()) & set(sources))
+
     stale = [i for i, r in verdicts.iterrows() if r["id"] in now.index and (
         str(r["committed"]) != str(now.loc[r["id"], "verdict"])
-        or str(r["committed_value"]) != value_text(now.loc[r["id"]]))]
+        or str(r["committed_value"]) != value_text(now.loc[r["id"]])
+        or reads_changed_run(r))]
     return verdicts.loc[stale]
 
 
