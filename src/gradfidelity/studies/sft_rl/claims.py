@@ -540,7 +540,7 @@ def claims(df: pd.DataFrame, cfg: StudyConfig, scale: str, tables: dict, baselin
                 continue
             gated = "; ".join(f"{g['name']} {'passes' if g['passed'] else 'fails'}" for g in early[cid]["gates"])
             rec["detail"] = _join(rec.get("detail", ""), f"at {rollouts:,} rollouts ({budget} RL steps), a reading "
-                                  f"(not a verdict): {_summary(early[cid])} ({gated})")
+                                  f"(not a verdict): {_summary(early[cid])} (its gates at that budget: {gated})")
     for m in cfg.models[1:]:
         for cid, v in _claims_for(at_budget(df, cfg.rl.steps), cfg, m.name, baseline, tables).items():
             out[cid]["detail"] += f"; other model {m.name}: {_summary(v)}"
