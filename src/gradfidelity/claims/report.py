@@ -78,17 +78,9 @@ def read_drift_verdicts(paths) -> pd.DataFrame:
             else pd.DataFrame(columns=sorted(DRIFT_COLUMNS | {"source_path"})))
 
 
-def _record_now(run: str) -> dict | None:
-    """The run's record (metrics.json, as a runs table keeps it) in this checkout, None where it has none."""
-    path = Path(run) / "metrics.json"
-    if not path.is_file():
-        return None
-    return {k: v for k, v in json.loads(path.read_text()).items() if k not in ("path", "run_dir")}
-
-
 def _same_number(now, then) -> bool:
     try:
-        return math.isclose(float(now), float(then), rel_tol=1e-12, abs_tol=0.0) or float(now) == float(then)
+        return math.isclose(float(now), float(then), rel_tol=1e-12)
     except (TypeError, ValueError):
         return False
 
@@ -98,28 +90,37 @@ def changed_runs(source_path: str) -> set[str]:
     - a check-reference comparison (its `(record)` rows): the committed record's digest then against now;
     - a drift measurement of two reruns (`value_a`, `value_b`): today's value of a metric it compared is neither.
     A run with no record now counts as changed. Empty for a comparison not in this checkout, or one that kept
-    neither (nothing to tell)."""
+    neither (nothing to tell). Each run's metrics.json (the record as committed: a runs table's `metrics_json`
+    is the same data) is read once."""
     path = Path(source_path)
     if not path.is_file():
         return set()
     df = pd.read_csv(path)
+    texts: dict[str, str | None] = {}
+
+    def text_now(run: str) -> str | None:
+        if run not in texts:
+            file = Path(run) / "metrics.json"
+            texts[run] = file.read_text() if file.is_file() else None
+        return texts[run]
+
     out = set()
     if {"run", "metric", "committed"} <= set(df.columns):
         rows = df[(df["metric"] == RECORD) & df["committed"].notna()]
         for run, then in zip(rows["run"].astype(str), rows["committed"].astype(str), strict=True):
-            record = _record_now(run)
-            if record is None or record_digest(json.dumps(record)) != then:
+            if text_now(run) is None or record_digest(text_now(run)) != then:
                 out.add(run)
     elif {"run", "metric", "value_a", "value_b"} <= set(df.columns):
         for r in df.itertuples():
-            record = _record_now(str(r.run))
-            if record is None:
-                out.add(str(r.run))
+            run = str(r.run)
+            if text_now(run) is None:
+                out.add(run)
                 continue
-            now = record.get("metrics", {}).get(r.metric) if isinstance(record.get("metrics"), dict) else None
+            metrics = json.loads(text_now(run)).get("metrics")
+            now = metrics.get(r.metric) if isinstance(metrics, dict) else None
             if isinstance(now, (int, float)) and not isinstance(now, bool) and not (
                     _same_number(now, r.value_a) or _same_number(now, r.value_b)):
-                out.add(str(r.run))
+                out.add(run)
     return out
 
 
@@ -129,10 +130,9 @@ def stale_drift_rows(verdicts: pd.DataFrame, current: pd.DataFrame) -> pd.DataFr
     - its verdict or value differs from verify's row today (the claim's metric or runs changed since, e.g. a raised
       evidence version); or
     - a run the claim reads today (its evidence's `sources`) had another record when the comparison was made
-      (`changed_runs`). Why: a claim with parts and no single value
-      reads 'no value' on both sides, and a claim behind a failed gate keeps its verdict, so a rerun study (study A's
-      round 5) left their old drift rows looking current ("value identical") although every run behind them had
-      changed."""
+      (`changed_runs`). Why: a claim with parts and no single value reads 'no value' on both sides, and a claim
+      behind a failed gate keeps its verdict, so a rerun study (study A's round 5) left their old drift rows looking
+      current ("value identical") although every run behind them had changed."""
     now = current.set_index("id")
     changed = {p: changed_runs(p) for p in verdicts.get("source_path", pd.Series(dtype=str)).dropna().unique()}
 
