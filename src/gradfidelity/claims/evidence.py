@@ -47,8 +47,30 @@ RECORD_SCHEMA = {
         "gates": {"type": "array", "items": GATE_SCHEMA}, "detail": {"type": "string"},
         "sources": {"type": "array", "items": {"type": "string"}},
         "diverged": {"type": "integer", "minimum": 0}, "computed_by": {"type": "string"},
+        # the host types (provenance.describe_host) of the runs the claim reads, one entry a host type
+        "hosts": {"type": "array", "items": {"type": "string"}},
+        # what the power table (stats/power.py) needs: POWER_SCHEMA
+        "power": {"$ref": "#/$defs/power"},
     },
 }
+# The deciding statistic as per-seed values whose mean's t interval the claim is decided on, the value (or band) that
+# interval must clear, and what one more seed costs; or `not_applicable` with its reason (an exact probe).
+POWER_SCHEMA = {
+    "type": "object", "required": ["statistic"], "additionalProperties": False,
+    "properties": {
+        "statistic": {"type": "string"},
+        "per_seed": {"type": "array", "items": {"type": "number"}},
+        "threshold": {"type": ["number", "array"], "items": {"type": "number"}},
+        "side": {"enum": ["gt", "lt", "outside", "inside"]},
+        "level": {"type": "number"},
+        "wall_s_per_seed": {"type": ["number", "null"]},
+        "paper_effect": {"type": ["number", "null"]},
+        "unit": {"type": "string"},
+        "note": {"type": "string"},
+        "not_applicable": {"type": "string"},
+    },
+}
+RECORD_SCHEMA["$defs"] = {"power": POWER_SCHEMA}
 RECORD_SCHEMA["properties"]["parts"] = {"type": "object", "additionalProperties": {
     **RECORD_SCHEMA, "properties": dict(RECORD_SCHEMA["properties"])}}
 

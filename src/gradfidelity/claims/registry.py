@@ -1,4 +1,4 @@
-"""The claims registry (registry.yaml): every paper claim as one row, its check, scales, min_n and interval level.
+"""The claims registry (registry.yaml and registry/<study>.yaml): every paper claim as one row, its check, scales, min_n and interval level.
 
 Loaded and checked here, apart from `verify` (which judges evidence) and `evidence` (which builds it): both read the
 registry, neither imports the other for it.
@@ -48,6 +48,30 @@ _REGISTRY = {
     "properties": {"interval_level": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
                    "claims": {"type": "array", "items": _ROW}},
 }
+# registry.yaml names the studies whose rows live in registry/<study>.yaml (one file a study, so that each study's
+# rows are edited apart from the others'); a single-file registry (a test's, `path`) holds its rows in `claims`.
+_STUDY_FILE = {"type": "object", "required": ["claims"], "additionalProperties": False,
+               "properties": {"claims": {"type": "array", "items": _ROW}}}
+
+
+def _packaged_document() -> dict:
+    """registry.yaml with the rows of every study file it lists, in its order, as one document."""
+    root = resources.files("gradfidelity.claims")
+    doc = yaml.safe_load(root.joinpath("registry.yaml").read_text())
+    claims = list(doc.pop("claims", None) or [])
+    for study in doc.pop("studies", []):
+        name = f"registry/{study}.yaml"
+        part = yaml.safe_load(root.joinpath(name).read_text())
+        try:
+            jsonschema.validate(part, _STUDY_FILE)
+        except jsonschema.ValidationError as exc:
+            raise UserError(f"claims registry {name}: {exc.message} at "
+                            f"{'/'.join(map(str, exc.absolute_path))}") from None
+        wrong = sorted({row["id"] for row in part["claims"] if row["study"] != study})
+        if wrong:
+            raise UserError(f"claims registry {name}: rows of another study: {', '.join(wrong)}")
+        claims += part["claims"]
+    return {**doc, "claims": claims}
 
 
 def _check_needs(where: str, check: dict) -> None:
@@ -64,9 +88,7 @@ def _check_needs(where: str, check: dict) -> None:
 
 
 def load_registry_document(path: str | Path | None = None) -> dict:
-    text = Path(path).read_text() if path else resources.files("gradfidelity.claims").joinpath(
-        "registry.yaml").read_text()
-    data = yaml.safe_load(text)
+    data = yaml.safe_load(Path(path).read_text()) if path else _packaged_document()
     try:
         jsonschema.validate(data, _REGISTRY)
     except jsonschema.ValidationError as exc:
