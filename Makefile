@@ -119,14 +119,52 @@ cpu-aggregate: setup
 	$(PY) -m gradfidelity cpu-part --study $(STUDY) --status --config $(CONFIG)
 	$(VENV)/bin/snakemake -c$(CORES) $(STUDY) results/cpu/runs/$(STUDY).csv --config scale=cpu $(CONFIG)
 
-# The cpu scale's real-text corpus for study C: Debian's python3.11-doc (PSF licence; docs/sources.md, Study C).
+# The cpu scale's real-text corpus for study C: the reStructuredText sources in Debian's python3.11-doc (PSF licence;
+# docs/sources.md, Study C), taken from the pinned .deb and unpacked into the checkout's cache by any user. Nothing is
+# installed, upgraded or written outside the checkout: no apt, no root (tests/test_setup_nonroot.py runs it as nobody).
 # Pinned: the corpus's MD5 (LOCAL_PYDOCS_MD5 in workflow/rules/local.smk) is that release's; Debian's older point
-# release (deb12u8) gives another text, and the committed cpu runs of study C were made on deb12u9.
+# release (deb12u8) gives another text, and the committed cpu runs of study C were made on deb12u9. The .deb comes from
+# the first of PYDOCS_URLS that gives PYDOCS_SHA256 (the SHA-256 that bookworm-security's signed Packages index lists):
+# the security archive's pool, the main pool (where a point release moves it), snapshot.debian.org (by its SHA-1).
+# Offline: put the .deb into .cache/python3.11-doc/ yourself (`apt-get download python3.11-doc=<version>` there).
+# The corpus root that rule local_corpus_pydocs reads: $(PYDOCS_TREE)/usr/share/doc/python3.11/html/_sources.
 PYDOCS_VERSION := 3.11.2-6+deb12u9
-cpu-data:
-	@if [ "$$(dpkg-query -W -f='$${Version}' python3.11-doc 2>/dev/null)" != "$(PYDOCS_VERSION)" ]; then \
-	  apt-get update -q && apt-get install -y -q --allow-downgrades python3.11-doc=$(PYDOCS_VERSION); \
-	fi
+PYDOCS_DEB := python3.11-doc_$(PYDOCS_VERSION)_all.deb
+PYDOCS_SHA256 := 5b3594189d6ef9a6963ce0347fd307a1cc67620ad697e144db366070e2e146be
+PYDOCS_URLS ?= https://security.debian.org/debian-security/pool/updates/main/p/python3.11/$(PYDOCS_DEB) \
+  https://deb.debian.org/debian/pool/main/p/python3.11/$(PYDOCS_DEB) \
+  https://snapshot.debian.org/file/924896f88455aa449baeae5c3268c4672b95c9b8
+PYDOCS_DIR := .cache/python3.11-doc
+PYDOCS_TREE := $(PYDOCS_DIR)/$(PYDOCS_VERSION)
+cpu-data: $(PYDOCS_TREE)/.complete
+
+# The .deb is kept (a second checkout or the test copies it) and used only when its SHA-256 is the pin; the tree is
+# unpacked into a temporary folder and renamed into place, so an interrupted run leaves no half tree behind a stamp.
+$(PYDOCS_TREE)/.complete:
+	@set -euo pipefail; mkdir -p $(PYDOCS_DIR); deb='$(PYDOCS_DIR)/$(PYDOCS_DEB)'; \
+	sha() { sha256sum "$$1" | cut -d' ' -f1; }; \
+	fetch() { if command -v curl >/dev/null; then curl -fsSL --retry 2 --connect-timeout 30 -o "$$2" "$$1"; \
+	  else $(PYTHON) -c 'import sys, urllib.request as u; u.urlretrieve(sys.argv[1], sys.argv[2])' "$$1" "$$2"; fi; }; \
+	if [ -f "$$deb" ] && [ "$$(sha "$$deb")" != $(PYDOCS_SHA256) ]; then \
+	  echo "cpu-data: $$deb is not the pinned .deb (SHA-256 $$(sha "$$deb")); downloading it again" >&2; rm -f "$$deb"; \
+	fi; \
+	if [ ! -f "$$deb" ]; then \
+	  for url in $(PYDOCS_URLS); do \
+	    part="$$deb.part.$$$$"; rm -f "$$part"; echo "cpu-data: downloading $$url"; \
+	    if ! fetch "$$url" "$$part"; then echo "cpu-data: could not download $$url" >&2; \
+	    elif [ "$$(sha "$$part")" != $(PYDOCS_SHA256) ]; then \
+	      echo "cpu-data: $$url gave SHA-256 $$(sha "$$part"), not the pinned $(PYDOCS_SHA256)" >&2; \
+	    else mv -f "$$part" "$$deb"; break; fi; \
+	    rm -f "$$part"; \
+	  done; \
+	  [ -f "$$deb" ] || { echo "cpu-data: no URL gave $(PYDOCS_DEB) with SHA-256 $(PYDOCS_SHA256); tried:" \
+	    $(PYDOCS_URLS) "(or put that file into $(PYDOCS_DIR)/ yourself)" >&2; exit 1; }; \
+	fi; \
+	tmp=$$(mktemp -d '$(PYDOCS_DIR)/.unpack.XXXXXX'); trap 'rm -rf "$$tmp"' EXIT; \
+	if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$$deb" "$$tmp"; \
+	else ar p "$$deb" data.tar.xz | tar -xJf - -C "$$tmp"; fi; \
+	touch "$$tmp/.complete"; rm -rf '$(PYDOCS_TREE)'; mv -T "$$tmp" '$(PYDOCS_TREE)'; \
+	echo "cpu-data: Python docs $(PYDOCS_VERSION) in $(PYDOCS_TREE)/usr/share/doc/python3.11/html/_sources"
 
 docs: setup  # the README's claims-to-targets table, from the registry and Snakemake's dry runs
 	$(PY) -m gradfidelity docs --readme README.md

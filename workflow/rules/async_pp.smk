@@ -46,10 +46,18 @@ rule async_pp_data:
         "{params.gf} async-pp-data --cfg {params.cfg} --corpus {input} --out $(dirname {output.meta}) > {log} 2>&1"
 
 
+# What each training cell's record stands for (harness/identity.py): its `--cfg`, its text and its LR's selection.
+ASYNC_PP_IDENTITY = job_identity(
+    "async_pp", lambda w: _ap_rules.train_job(w.mitigation), _ap_rules.train_cfg(ASYNC_PP_CFG),
+    _ap_rules.train_identity(ASYNC_PP, ASYNC_PP_CFG,
+                             study_file_md5(ASYNC_PP.data.path) if ASYNC_PP.data.corpus == "file" else None))
+
+
 rule async_pp_train:
     input:
         unpack(unless_committed("async_pp_train", f"{ASYNC_PP_ROOT}/{_ap_plan.PATTERN}",
-                                _ap_rules.train_input(given_lr_selection(ASYNC_PP_SELECTION), ASYNC_PP_DATA))),
+                                _ap_rules.train_input(given_lr_selection(ASYNC_PP_SELECTION), ASYNC_PP_DATA),
+                                identity=ASYNC_PP_IDENTITY)),
     output:
         f"{ASYNC_PP_ROOT}/{_ap_plan.PATTERN}",
     wildcard_constraints:
@@ -62,6 +70,7 @@ rule async_pp_train:
         data=_ap_rules.data_arg,
         gf=GF,
         threads=_ap_rules.threads(ASYNC_PP),
+        identity=identity_env(ASYNC_PP_IDENTITY),
     log:
         f"{ASYNC_PP_ROOT}/logs/{_ap_plan.RUN_DIR}.log",
     benchmark:
@@ -72,7 +81,7 @@ rule async_pp_train:
     resources:
         **rule_resources("async_pp_train"),
     shell:
-        "{params.gf} async-pp-train --cfg {params.cfg} --run-dir {params.run_dir} --cell {params.cell} {params.lr} "
+        "{params.identity}{params.gf} async-pp-train --cfg {params.cfg} --run-dir {params.run_dir} --cell {params.cell} {params.lr} "
         "{params.data} --threads {params.threads} > {log} 2>&1"
 
 

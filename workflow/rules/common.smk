@@ -1,4 +1,5 @@
 # Helpers shared by every rules module: config loading per scale, output roots, the command prefix. No rules here.
+import hashlib
 import importlib
 import json
 import os
@@ -12,6 +13,7 @@ from snakemake.io import apply_wildcards
 from snakemake.utils import update_config
 from gradfidelity.config import coerce_cli_strings, validate_section
 from gradfidelity.errors import UserError
+from gradfidelity.harness import identity as record_identity
 from gradfidelity.studies import STUDIES
 
 REPO = Path(workflow.basedir)
@@ -216,7 +218,103 @@ def is_forced(rule, path):
     return settings.forceall or rule in asked or path in asked
 
 
-def unless_committed(rule, record, inputs):
+# A present record whose identity (harness/identity.py) differs from its job's now is planned again like a new cell:
+# its job also reads a marker file written as the workflow plans, naming the record and the reason, so that
+# Snakemake reruns it whatever the file times say ("Updated input files: .cache/record-identity/..."); the reason
+# is also printed. (A marker made by a rule would not do: Snakemake never runs the producer of a missing input of
+# a job whose outputs are present.) The marker's name holds the new identity's hash.
+STALE_ROOT = f".cache/record-identity/{SCALE}"
+STALE_REASONS = {}  # marker key -> (record, reason)
+# GRADFIDELITY_BACKFILL_IDENTITY=1 with a dry run writes an identity into each committed record made before round 6
+# (computed from the committed config, checked against the config the record kept: `backfill_identity`).
+BACKFILL = os.environ.get("GRADFIDELITY_BACKFILL_IDENTITY") == "1"
+
+
+def _cfg_value(cfg, wildcards):
+    """A rule's `--cfg` (a shell-quoted JSON string, or a params function of the wildcards giving one) as a dict."""
+    value = cfg(wildcards) if callable(cfg) else cfg
+    return json.loads(shlex.split(value)[0]) if isinstance(value, str) else dict(value)
+
+
+def job_identity(study, job, cfg, data=None):
+    """A function of the wildcards: the identity of a job of `study` (kind `job`, e.g. "train") whose `--cfg` is
+    `cfg` and whose data identity is `data` (a dict, or a function of the wildcards giving one)."""
+
+    def _identity(wildcards):
+        job_name = job(wildcards) if callable(job) else job
+        return record_identity.job_identity(study, job_name, _cfg_value(cfg, wildcards),
+                                            data(wildcards) if callable(data) else data)
+
+    return _identity
+
+
+def identity_env(identity):
+    """params function of a training rule: `GRADFIDELITY_IDENTITY=<json> `, the prefix that hands the job its
+    identity (the harness writes it into provenance.json and into its checkpoints)."""
+
+    def _env(wildcards):
+        return f"{record_identity.ENV}={shlex.quote(record_identity.canonical(identity(wildcards)))} "
+
+    return _env
+
+
+def _stale_marker(path, reason, now):
+    """The marker a stale record's job reads (written now, so it is newer than the record), and the printed reason."""
+    key = hashlib.sha256(f"{path}\0{now['hash']}".encode()).hexdigest()[:20]
+    marker = Path(REPO, STALE_ROOT, f"{key}.txt")
+    if key not in STALE_REASONS:
+        STALE_REASONS[key] = (path, reason)
+        print(f"[gradfidelity] {path}: planned again, {reason}", file=sys.stderr)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{path}: {reason}\n")  # rewritten at every plan: always newer than the record
+    return str(marker.relative_to(REPO))
+
+
+def _with(value, extra):
+    if isinstance(value, dict):
+        return {**value, "record_changed": extra}
+    if isinstance(value, (list, tuple)):
+        return [*value, extra]
+    return [value, extra] if value else [extra]
+
+
+def backfill_identity(path, now):
+    """A committed record made before identities (no `identity` in its provenance.json) is given the identity its
+    job has under the committed config, marked `backfilled` with how it was checked: every key of the job's config
+    section that the record's own `config` kept must be equal there (a restored record, which kept none, says so).
+    A disagreement is printed and nothing is written: that record is then planned again."""
+    prov_path = Path(REPO, path).parent / "provenance.json"
+    prov = json.loads(prov_path.read_text())
+    if "identity" in prov:
+        return
+    kept = record_identity._flatten(prov.get("config") or {})
+    wanted = record_identity._flatten(now["config"])
+    common = [k for k in wanted if k in kept]
+    differ = [f"{k} {kept[k]!r} -> {wanted[k]!r}" for k in common if kept[k] != wanted[k]]
+    if differ:
+        print(f"[gradfidelity] {path}: not backfilled, its config differs: {'; '.join(differ[:5])}", file=sys.stderr)
+        return
+    how = (f"the record's own config agrees on all {len(common)} of the {len(wanted)} job keys it kept"
+           if kept else "a restored record (it kept no config): taken as made by the committed config, as the round "
+                        "that made it committed it")
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    prov["identity"] = {**now, "backfilled": f"round 6, from the committed config at {sha}; {how}"}
+    from gradfidelity.harness.io import atomic_write_json
+
+    atomic_write_json(prov_path, prov)
+
+
+def stale_reason(path, now):
+    """Why the present record `path` (a metrics.json) does not stand for the job's identity `now`, or None."""
+    was = record_identity.recorded(Path(REPO, path).parent)
+    if was is None:
+        return "its record carries no identity (made before round 6, or by hand)"
+    if was.get("hash") == now["hash"]:
+        return None
+    return "; ".join(record_identity.differences(was, now)) or f"identity {was.get('hash')} -> {now['hash']}"
+
+
+def unless_committed(rule, record, inputs, identity=None, records=None):
     """input function of each job that writes a run's record (a training cell, an LR-grid point, a bench):
     `inputs` (a path, list, dict or input function), as they are for a new cell; once the job's `record` (its output
     pattern) is a committed record, each input that is there is marked ancient() and each missing one left out.
@@ -227,11 +325,26 @@ def unless_committed(rule, record, inputs):
     missing output by its dependents' outputs). An ancient input that exists never triggers its job, and a committed
     run does not ask for what it no longer needs (its start's model, prepared data): the record stands until it is
     asked for by name (`--forcerun <its output>` or `--forcerun <rule>`), and then the job reads its inputs as a
-    new cell does. A new cell waits for everything it reads."""
+    new cell does. A new cell waits for everything it reads.
+
+    `identity` (a function of the wildcards: `job_identity`): a present record stands only for the identity it
+    records, its job's config section and data. Otherwise the job is planned like a new cell, waiting for a marker
+    that names the keys that differ (`stale_reason`), printed as the workflow plans. `records`: every record the
+    job writes (output patterns), where it writes several (study C's paired job: one a method): the backfill gives
+    each its identity."""
 
     def _inputs(wildcards):
         value = inputs(wildcards) if callable(inputs) else inputs
         path = apply_wildcards(record, wildcards)
+        if identity is not None and Path(REPO, path).is_file() and not is_forced(rule, path):
+            now = identity(wildcards)
+            if BACKFILL and is_committed(path):
+                for each in ([apply_wildcards(r, wildcards) for r in records] if records else [path]):
+                    if is_committed(each):
+                        backfill_identity(each, now)
+            reason = stale_reason(path, now)
+            if reason:
+                return _with(value, _stale_marker(path, reason, now))
         if not is_committed(path) or is_forced(rule, path):
             return value
         standing = _standing(value, wildcards)
@@ -262,6 +375,17 @@ def study_file(value):
             raise UserError(f"{value!r}: study {study} exports no file {name!r} (it exports: {', '.join(exports) or 'none'})")
         return cross_study_input(study, name)
     return value
+
+
+def study_file_md5(value):
+    """The MD5 of the text a config value names (`study_file`): a file another study exports is named by its pinned
+    MD5 (its rule checks it; the file may not be built yet), anything else by its bytes."""
+    study, sep, name = str(value).partition(":")
+    if sep and study in STUDIES and name:
+        return study_module(study, "rules").EXPORT_MD5[name]
+    if not Path(value).is_file():
+        raise UserError(f"{value!r}: no such file (a corpus a study trains on)")
+    return record_identity.md5_file(value)
 
 
 # Every study's typed config, built once when the workflow loads: the cross-field checks a schema cannot express

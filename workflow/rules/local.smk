@@ -18,16 +18,42 @@ LOCAL_CORPUS_CHECK = study_module("local", "corpus_check")
 # Study C's `source: file` corpora are inputs of the data rule (a changed file redoes the splits). The cpu scale's
 # real-text stand-in is built from Debian's python3.11-doc (docs/sources.md, "Study C: the cpu scale's text").
 LOCAL_PYDOCS = LOCAL_RULES.EXPORTS["python_docs"](LOCAL_CONFIG, RESULTS)  # the one name of the file (study B reads it)
-LOCAL_PYDOCS_MD5 = "ffe3fd4a0f5469cba03458a8aed6d3b6"
+LOCAL_PYDOCS_MD5 = LOCAL_RULES.EXPORT_MD5["python_docs"]
+# Where `make cpu-data` unpacks the pinned .deb (inside the checkout: nothing is installed). A scratch copy of the
+# checkout (check-reference) passes the checkout's own with --config pydocs_root=... (outside the local section, so
+# it is no part of any job's identity).
+LOCAL_PYDOCS_ROOT = config.get("pydocs_root") or str(
+    REPO / ".cache/python3.11-doc/3.11.2-6+deb12u9/usr/share/doc/python3.11/html/_sources")
 
 
-# (one list for both corpora: a changed file also redoes the other corpus's splits, a second's work). Each path must
-# exist or be made by a rule of this run (here: local_corpus_pydocs at this scale), else the workflow refuses it as
-# it loads, naming the key and, for another scale's results/<scale>/ path, both scales (not a bare
-# MissingInputException when the DAG is built).
+# Each path must exist or be made by a rule of this run (here: local_corpus_pydocs at this scale), else the workflow
+# refuses it as it loads, naming the key and, for another scale's results/<scale>/ path, both scales (not a bare
+# MissingInputException when the DAG is built). Each corpus's data job reads its own file alone: a user's text
+# never waits for the Python-docs build.
 LOCAL_FILE_SOURCES = LOCAL_CORPUS_CHECK.file_sources(
     config["local"]["corpora"], SCALE, produced={LOCAL_PYDOCS: "local_corpus_pydocs"}
 )
+
+
+def local_corpus_source(wildcards):
+    entry = config["local"]["corpora"].get(wildcards.corpus) or {}
+    return [entry["path"]] if entry.get("source") == "file" else []
+
+
+# A paired job writes every method of its cell: a cell that already has some methods' records (made by another
+# group: one more main seed is a seed the power and control groups ran) would have them overwritten. Refused as the
+# workflow loads, naming the cells and the way out.
+_LOCAL_PARTIAL = LOCAL_RULES.partial_cells(
+    LOCAL_PLAN.groups(LOCAL_CONFIG).values(), LOCAL_PLAN.run_pattern(RESULTS), lambda p: Path(REPO, p).is_file()
+)
+if _LOCAL_PARTIAL:
+    raise UserError(
+        "local: these cells overlap runs another group made, and their jobs would overwrite them: "
+        + "; ".join(_LOCAL_PARTIAL[:4]) + (" ..." if len(_LOCAL_PARTIAL) > 4 else "")
+        + ". One more seed of C4 is one more quality seed (local.quality_seeds and local.control_seeds), of C8 and C9 "
+        "one more mechanism seed (local.mechanism_seeds); the main cell (local.seeds) grows only past the power, "
+        "quality and control seeds (src/gradfidelity/studies/local/README.md, 'How to extend')"
+    )
 
 
 rule local_corpus_pydocs:
@@ -36,6 +62,7 @@ rule local_corpus_pydocs:
     params:
         gf=GF,
         md5=LOCAL_PYDOCS_MD5,
+        root=LOCAL_PYDOCS_ROOT,
     log:
         f"{RESULTS}/local/logs/corpus_pydocs.log",
     conda:
@@ -44,13 +71,13 @@ rule local_corpus_pydocs:
     resources:
         **rule_resources("local_corpus_pydocs"),
     shell:
-        "{params.gf} local-corpus --root /usr/share/doc/python3.11/html/_sources --suffix .rst.txt"
+        "{params.gf} local-corpus --root {params.root} --suffix .rst.txt"
         " --md5 {params.md5} --out {output} > {log} 2>&1"
 
 
 rule local_data:
     input:
-        LOCAL_FILE_SOURCES,
+        local_corpus_source,
     output:
         train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
         val=f"{RESULTS}/local/data/{{corpus}}/val.bin",
@@ -70,6 +97,13 @@ rule local_data:
         " --out $(dirname {output.meta}) > {log} 2>&1"
 
 
+# What each training job's record stands for (harness/identity.py): its `--cfg` and its corpus.
+LOCAL_TRAIN_IDENTITY = job_identity("local", "train", LOCAL_RULES.job_cfg(config["local"], "train"),
+                                    LOCAL_RULES.train_identity(config["local"]))
+LOCAL_MEMORY_IDENTITY = job_identity("local", "memory", LOCAL_RULES.job_cfg(config["local"], "memory"),
+                                     LOCAL_RULES.corpus_identity(config["local"], LOCAL_CONFIG.main_corpus))
+
+
 # One rule definition for every job group (plan.py: main, side, power, mechanism), instantiated once per group:
 # the same command, threads and resources. Why not one rule with a {group} wildcard: the groups declare different
 # methods, hence different outputs, which a wildcard cannot vary; and why not one job per method: the methods of a
@@ -84,7 +118,8 @@ for _group in LOCAL_PLAN.groups(LOCAL_CONFIG).values():
         input:
             unpack(unless_committed(f"local_{_group.name}", LOCAL_RULES.group_record(LOCAL_PLAN, RESULTS, _group), {
                 "train": f"{RESULTS}/local/data/{{corpus}}/train.bin",
-                "meta": f"{RESULTS}/local/data/{{corpus}}/meta.json"})),
+                "meta": f"{RESULTS}/local/data/{{corpus}}/meta.json"}, identity=LOCAL_TRAIN_IDENTITY,
+                records=expand(LOCAL_PLAN.run_pattern(RESULTS), method=_group.methods, allow_missing=True))),
         output:
             expand(LOCAL_PLAN.run_pattern(RESULTS), method=_group.methods, allow_missing=True),
         wildcard_constraints:
@@ -97,6 +132,7 @@ for _group in LOCAL_PLAN.groups(LOCAL_CONFIG).values():
             run_dir=LOCAL_RULES.run_dir(study_root("local")),
             cell=cell_json,
             shares=LOCAL_RULES.shares_flag(_group),
+            identity=identity_env(LOCAL_TRAIN_IDENTITY),
         log:
             f"{RESULTS}/local/logs/{_group.name}_{{corpus}}_w{{width}}_seed{{seed}}.log",
         benchmark:
@@ -107,7 +143,7 @@ for _group in LOCAL_PLAN.groups(LOCAL_CONFIG).values():
         resources:
             **rule_resources(f"local_{_group.name}"),
         shell:
-            "{params.env}{params.gf} local-cell --cfg {params.cfg} --methods {params.methods}{params.shares}"
+            "{params.identity}{params.env}{params.gf} local-cell --cfg {params.cfg} --methods {params.methods}{params.shares}"
             " --data $(dirname {input.train}) --run-dir {params.run_dir} --cell {params.cell} > {log} 2>&1"
 
 
@@ -118,7 +154,7 @@ rule local_memory:
     input:
         unpack(unless_committed("local_memory", f"{RESULTS}/local/memory/w{{width}}/seed{{seed}}/metrics.json", {
             "train": f"{RESULTS}/local/data/{LOCAL_CONFIG.main_corpus}/train.bin",
-            "meta": f"{RESULTS}/local/data/{LOCAL_CONFIG.main_corpus}/meta.json"})),
+            "meta": f"{RESULTS}/local/data/{LOCAL_CONFIG.main_corpus}/meta.json"}, identity=LOCAL_MEMORY_IDENTITY)),
     output:
         f"{RESULTS}/local/memory/w{{width}}/seed{{seed}}/metrics.json",
     params:
@@ -126,6 +162,7 @@ rule local_memory:
         cfg=LOCAL_RULES.job_cfg(config["local"], "memory"),
         env=LOCAL_RULES.omp_env(LOCAL_CONFIG),
         cell=cell_json,
+        identity=identity_env(LOCAL_MEMORY_IDENTITY),
     log:
         f"{RESULTS}/local/logs/memory_w{{width}}_seed{{seed}}.log",
     conda:
@@ -134,7 +171,7 @@ rule local_memory:
     resources:
         **rule_resources("local_memory"),
     shell:
-        "{params.env}{params.gf} local-memory --cfg {params.cfg} --data $(dirname {input.train})"
+        "{params.identity}{params.env}{params.gf} local-memory --cfg {params.cfg} --data $(dirname {input.train})"
         " --run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
 
 

@@ -43,13 +43,23 @@ if SFT_RL.rl.length_groups > 0:  # the bench compares the trimmed path with the 
     REPORT_TARGETS.append(f"{RESULTS}/bench/sft_rl.json")
 
 
+# What each training job's record stands for (harness/identity.py): its `--cfg` and the identity of its start.
+SFT_RL_IDENTITY = {job: job_identity("sft_rl", job, sft_rl_rules.job_cfg(SFT_RL_SECTION, job),
+                                     sft_rl_rules.start_identity(SFT_RL_SECTION, job))
+                   for job in ("pretrain", "sft", "alignment", "rl")}
+
+
 rule sft_rl_base:
+    input:
+        unless_committed("sft_rl_base", f"{SFT_RL_DIR['base']}/metrics.json", [],
+                         identity=SFT_RL_IDENTITY["pretrain"]),
     output:
         f"{SFT_RL_DIR['base']}/metrics.json",
     params:
         gf=GF,
         cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "pretrain"),
         cell=cell_json,
+        identity=identity_env(SFT_RL_IDENTITY["pretrain"]),
     log:
         f"{SFT_RL_ROOT}/logs/{{model}}_base.log",
     benchmark:
@@ -60,8 +70,8 @@ rule sft_rl_base:
     resources:
         **rule_resources("sft_rl_base"),
     shell:
-        "{params.gf} sft-rl-pretrain --cfg {params.cfg} --model {wildcards.model} --run-dir $(dirname {output}) "
-        "--cell {params.cell} > {log} 2>&1"
+        "{params.identity}{params.gf} sft-rl-pretrain --cfg {params.cfg} --model {wildcards.model} "
+        "--run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
 
 
 rule sft_rl_sft:
@@ -69,7 +79,7 @@ rule sft_rl_sft:
         **sft_rl_rules.constraints("variant", "seed"),
     input:
         unpack(unless_committed("sft_rl_sft", f"{SFT_RL_DIR['sft']}/metrics.json",
-                                lambda w: {"base": _sft_rl_base_start(w)})),
+                                lambda w: {"base": _sft_rl_base_start(w)}, identity=SFT_RL_IDENTITY["sft"])),
     output:
         f"{SFT_RL_DIR['sft']}/metrics.json",
     params:
@@ -77,6 +87,7 @@ rule sft_rl_sft:
         cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "sft"),
         env=sft_rl_rules.deepspeed_env(SFT_RL, DS0189_ENV, "sft"),
         cell=cell_json,
+        identity=identity_env(SFT_RL_IDENTITY["sft"]),
     log:
         f"{SFT_RL_ROOT}/logs/{{model}}_{{variant}}_sft_seed{{seed}}.log",
     benchmark:
@@ -87,9 +98,9 @@ rule sft_rl_sft:
     resources:
         **rule_resources("sft_rl_sft", gpu=SFT_RL_GPUS),
     shell:
-        "{params.env} {params.gf} sft-rl-sft --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
-        "--seed {wildcards.seed} --base $(dirname {input.base}) --run-dir $(dirname {output}) --cell {params.cell} "
-        "> {log} 2>&1"
+        "{params.identity}{params.env} {params.gf} sft-rl-sft --cfg {params.cfg} --model {wildcards.model} "
+        "--variant {wildcards.variant} --seed {wildcards.seed} --base $(dirname {input.base}) "
+        "--run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
 
 
 # A committed record's model is not committed. A new cell that starts from it (one more seed, a longer arm) starts
@@ -150,13 +161,14 @@ rule sft_rl_alignment:
     # of SFT's first windows at the base model.
     input:
         unpack(unless_committed("sft_rl_alignment", f"{SFT_RL_DIR['alignment']}/metrics.json",
-                                lambda w: {"base": _sft_rl_base_start(w)})),
+                                lambda w: {"base": _sft_rl_base_start(w)}, identity=SFT_RL_IDENTITY["alignment"])),
     output:
         f"{SFT_RL_DIR['alignment']}/metrics.json",
     params:
         gf=GF,
         cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "alignment"),
         cell=cell_json,
+        identity=identity_env(SFT_RL_IDENTITY["alignment"]),
     log:
         f"{SFT_RL_ROOT}/logs/{{model}}_alignment.log",
     benchmark:
@@ -167,7 +179,7 @@ rule sft_rl_alignment:
     resources:
         **rule_resources("sft_rl_alignment"),
     shell:
-        "{params.gf} sft-rl-alignment --cfg {params.cfg} --model {wildcards.model} --base $(dirname {input.base}) "
+        "{params.identity}{params.gf} sft-rl-alignment --cfg {params.cfg} --model {wildcards.model} --base $(dirname {input.base}) "
         "--run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
 
 
@@ -176,7 +188,8 @@ rule sft_rl_rl:
         **sft_rl_rules.constraints("variant", "method", "seed"),
     input:
         unpack(unless_committed("sft_rl_rl", f"{SFT_RL_DIR['rl']}/metrics.json", sft_rl_rules.rl_inputs(
-            SFT_RL, SFT_RL_ROOT, given_lr_selection(SFT_RL_SELECTION), is_committed))),
+            SFT_RL, SFT_RL_ROOT, given_lr_selection(SFT_RL_SELECTION), is_committed),
+            identity=SFT_RL_IDENTITY["rl"])),
     output:
         f"{SFT_RL_DIR['rl']}/metrics.json",
     params:
@@ -185,6 +198,7 @@ rule sft_rl_rl:
         env=sft_rl_rules.deepspeed_env(SFT_RL, DS0189_ENV, "rl"),
         lr=sft_rl_rules.lr_option,
         cell=cell_json,
+        identity=identity_env(SFT_RL_IDENTITY["rl"]),
     log:
         f"{SFT_RL_ROOT}/logs/{{model}}_{{variant}}_{{method}}_seed{{seed}}.log",
     benchmark:
@@ -195,8 +209,9 @@ rule sft_rl_rl:
     resources:
         **rule_resources("sft_rl_rl", gpu=SFT_RL_GPUS),
     shell:
-        "{params.env} {params.gf} sft-rl-rl --cfg {params.cfg} --model {wildcards.model} --variant {wildcards.variant} "
-        "--method {wildcards.method} --seed {wildcards.seed} --init $(dirname {input.init}) {params.lr} "
+        "{params.identity}{params.env} {params.gf} sft-rl-rl --cfg {params.cfg} --model {wildcards.model} "
+        "--variant {wildcards.variant} --method {wildcards.method} --seed {wildcards.seed} "
+        "--init $(dirname {input.init}) {params.lr} "
         "--run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
 
 
@@ -205,14 +220,16 @@ rule sft_rl_grid:
     wildcard_constraints:
         **sft_rl_rules.constraints("method", "lr", "seed"),
     input:
-        init=unless_committed("sft_rl_grid", f"{SFT_RL_DIR['grid']}/metrics.json",
-                              sft_rl_rules.grid_init(SFT_RL, SFT_RL_ROOT, is_committed)),
+        unpack(unless_committed("sft_rl_grid", f"{SFT_RL_DIR['grid']}/metrics.json",
+                                lambda w: {"init": sft_rl_rules.grid_init(SFT_RL, SFT_RL_ROOT, is_committed)(w)},
+                                identity=SFT_RL_IDENTITY["rl"])),
     output:
         f"{SFT_RL_DIR['grid']}/metrics.json",
     params:
         gf=SFT_RL_LAUNCH,
         cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "rl"),
         cell=cell_json,
+        identity=identity_env(SFT_RL_IDENTITY["rl"]),
     log:
         f"{SFT_RL_ROOT}/logs/{{model}}_lr_grid_{{method}}_lr{{lr}}_seed{{seed}}.log",
     benchmark:
@@ -223,7 +240,7 @@ rule sft_rl_grid:
     resources:
         **rule_resources("sft_rl_grid", gpu=SFT_RL_GPUS),
     shell:
-        "{params.gf} sft-rl-rl --cfg {params.cfg} --model {wildcards.model} --variant fixed "
+        "{params.identity}{params.gf} sft-rl-rl --cfg {params.cfg} --model {wildcards.model} --variant fixed "
         "--method {wildcards.method} --seed {wildcards.seed} --init $(dirname {input.init}) --lr {wildcards.lr} "
         "--run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
 

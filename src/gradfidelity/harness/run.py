@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from gradfidelity.harness import identity as job_identity
 from gradfidelity.harness import provenance
 from gradfidelity.harness.environment import SCALE_ENV  # each run records the scale it belongs to
 from gradfidelity.harness.integrity import CorruptState, load_checkpoint, move_aside, save_checkpoint
@@ -75,6 +76,9 @@ class Run:
         self.cell = {"study": study, **(cell or {})}
         self.scale = scale or os.environ.get(SCALE_ENV)
         self.study, self.config, self.seed, self.threads = study, config, seed, threads
+        # The identity the workflow planned this job with (its config section and data: harness/identity.py),
+        # written into provenance.json and into every checkpoint: a checkpoint of another identity is never resumed.
+        self.identity = job_identity.from_env()
         self.checkpoint_every = checkpoint_every
         self.status: str | None = None
         self.resumed_from: int | None = None
@@ -147,6 +151,11 @@ class Run:
         except CorruptState as exc:
             self.discard_checkpoint(path, exc.reason)
             return 0, {}
+        made_by, now = ckpt.get("identity_hash"), (self.identity or {}).get("hash")
+        if made_by != now:
+            self.discard_checkpoint(path, f"made by another job identity ({made_by} -> {now}): its config or data "
+                                          "changed since")
+            return 0, {}
         missing = set(state) ^ set(ckpt["state"])
         if missing:
             raise RuntimeError(f"checkpoint {path} does not match this run (keys differ: {sorted(missing)})")
@@ -169,7 +178,7 @@ class Run:
             return
         save_checkpoint(self.dir / CHECKPOINT, {
             "step": step, "state": {k: v.state_dict() for k, v in state.items()},
-            "rng": rng_state(), "extra": extra or {},
+            "rng": rng_state(), "extra": extra or {}, "identity_hash": (self.identity or {}).get("hash"),
         })
 
     def maybe_checkpoint(self, step: int, state: dict[str, Any], extra: dict | None = None) -> None:
@@ -202,6 +211,7 @@ class Run:
         record = {
             "study": self.study, "scale": self.scale, "seed": self.seed, "status": self.status, "cell": self.cell,
             "config": self.config, "config_hash": provenance.config_hash(self.config),
+            **({"identity": self.identity} if self.identity else {}),
             "threads": self.thread_settings, "world_size": self.world_size, "started": self.started, "ended": _now(),
             "wall_s": time.perf_counter() - self._t0, "resumed_from_step": self.resumed_from,
             "checkpoints_discarded": self.checkpoints_discarded,

@@ -63,6 +63,21 @@ def train_cfg(cfg: dict):
     return _cfg
 
 
+def train_identity(cfg: StudyConfig, section: dict, text_md5: str | None):
+    """The data identity of a training cell (harness/identity.py), by its wildcards: the text's MD5 for a `file`
+    corpus (the prepared splits follow from it and the `data` section, which the cell's config holds), and for a
+    tuned or own-LR cell the selection settings its LR is chosen by (the grid it is chosen from is cells of this
+    same config)."""
+
+    def _data(wildcards) -> dict:
+        out = {"text_md5": text_md5} if cfg.data.corpus == "file" else {}
+        if wildcards.lr in (plan.TUNED, plan.OWN):
+            out["lr_selection"] = section.get("lr_selection")
+        return out
+
+    return _data
+
+
 LR_ROUND = "lr_rounds/round{round}.json"  # the LR grid's rounds (checkpoint async_pp_lr_round), in the results root
 
 

@@ -411,7 +411,7 @@ def concat_tree(root: Path, suffix: str, out: Path) -> str:
     into `out` (written atomically); returns its MD5. Builds a one-file corpus from a text tree such as the
     Python documentation sources of Debian's python3.11-doc (docs/sources.md, "Study C")."""
     if not root.is_dir():
-        raise UserError(f"{root} is not a folder (for the cpu scale's corpus: apt-get install python3.11-doc)")
+        raise UserError(f"{root} is not a folder (for the cpu scale's corpus: run `make cpu-data`)")
     files = sorted(p for p in root.rglob(f"*{suffix}") if p.is_file())
     if not files:
         raise UserError(f"{root} holds no *{suffix} file")

@@ -95,11 +95,47 @@ def group_record(plan_module, results: str, group) -> str:
     return plan_module.run_pattern(results).replace("{method}", group.methods[0])
 
 
+def corpus_identity(section: dict, corpus: str, md5_of=None) -> dict:
+    """What a cell's data are (harness/identity.py): the corpus's data settings and its text's MD5: the pinned `md5`
+    when the entry gives one (the data job checks it), else the file's own (a user's text). Not its path: the same
+    text moved elsewhere is the same data. An embedded corpus is its settings (the text is built in code)."""
+    from gradfidelity.harness.identity import md5_file
+
+    entry = section["corpora"].get(corpus) or {}
+    own = {k: entry[k] for k in DATA_KEYS if k in entry and k not in ("path", "md5")}
+    if entry.get("source") == "file":
+        own["text_md5"] = entry.get("md5") or (md5_of or md5_file)(entry["path"])
+    return {"corpus": {"name": corpus, **own}}
+
+
+def train_identity(section: dict):
+    """The data identity of a paired training job: its corpus (`corpus_identity`), by the job's wildcards."""
+    return lambda wildcards: corpus_identity(section, wildcards.corpus)
+
+
+def partial_cells(groups, pattern: str, exists) -> list[str]:
+    """The cells of `groups` that have the records of some of their methods and not of others: a paired job writes
+    every method of its cell, so running it would overwrite the records another group made (one more main seed is
+    a seed the power and control groups already ran). One line per cell, naming what it has and what it lacks."""
+    out = []
+    for g in groups:
+        for corpus, width, seed in g.cells:
+            have = [m for m in g.methods if exists(pattern.format(corpus=corpus, width=width, method=m, seed=seed))]
+            if have and len(have) < len(g.methods):
+                lacks = [m for m in g.methods if m not in have]
+                out.append(f"{g.name} cell {corpus} w{width} seed {seed} has {', '.join(have)} (made by another "
+                           f"group) and lacks {', '.join(lacks)}")
+    return out
+
+
 # Files other studies' rules read (workflow/rules/common.smk: cross_study_input): name -> f(typed config, results
 # root). Study B trains on the same Python-docs text as the cpu scale's main corpus (rule local_corpus_pydocs).
 EXPORTS = {
     "python_docs": lambda cfg, results: f"{results}/local/corpus/python-docs-3.11.txt",
 }
+# The pinned MD5 of each exported text: the rule that builds it checks it, and a study that reads it names its data
+# by it (harness/identity.py). Debian's python3.11-doc 3.11.2-6+deb12u9 (docs/sources.md, Study C).
+EXPORT_MD5 = {"python_docs": "ffe3fd4a0f5469cba03458a8aed6d3b6"}
 
 
 # Rules a plan of this study can create (workflow/rules/common.smk: check_cluster_resources). A job group with no

@@ -59,6 +59,26 @@ def job_section(section: dict, job: str) -> dict:
     return {k: section[k] for k in JOB_KEYS[job] if k in section}
 
 
+def start_identity(section: dict, job: str):
+    """The data identity of a job (harness/identity.py), by its wildcards: the identity hash of the job it starts
+    from, so that a record stands only while its start would be made as it was (a chain: base <- SFT <- RL). The
+    base model starts from nothing; SFT and the alignment probe from the base; an RL-stage or grid run from the SFT
+    run (SFT-then-RL) or the base (every mixed arm)."""
+    from gradfidelity.harness.identity import job_identity
+
+    base = job_identity("sft_rl", "pretrain", job_section(section, "pretrain"))["hash"]
+    sft = job_identity("sft_rl", "sft", job_section(section, "sft"), {"start": base})["hash"]
+
+    def _data(wildcards) -> dict:
+        if job == "pretrain":
+            return {}
+        if job in ("sft", "alignment"):
+            return {"start": base}
+        return {"start": sft if wildcards.method == "sft_then_rl" else base}
+
+    return _data
+
+
 def job_cfg(section: dict, job: str) -> str:
     """`job_section` as a shell-quoted JSON string for `--cfg {params.cfg}`."""
     return shlex.quote(json.dumps(job_section(section, job), sort_keys=True))
