@@ -221,7 +221,7 @@ def is_forced(rule, path):
 # A present record whose identity (harness/identity.py) differs from its job's now is planned again like a new cell:
 # its job also reads a marker file written as the workflow plans, naming the record and the reason, so that
 # Snakemake reruns it whatever the file times say ("Updated input files: .cache/record-identity/..."); the reason
-# is also printed. (A marker made by a rule would not do: Snakemake never runs the producer of a missing input of
+# is also printed. (A marker made by a job would not do; Snakemake never runs the producer of a missing input of
 # a job whose outputs are present.) The marker's name holds the new identity's hash.
 STALE_ROOT = f".cache/record-identity/{SCALE}"
 STALE_REASONS = {}  # marker key -> (record, reason)

@@ -35,11 +35,6 @@ LOCAL_FILE_SOURCES = LOCAL_CORPUS_CHECK.file_sources(
 )
 
 
-def local_corpus_source(wildcards):
-    entry = config["local"]["corpora"].get(wildcards.corpus) or {}
-    return [entry["path"]] if entry.get("source") == "file" else []
-
-
 # A paired job writes every method of its cell: a cell that already has some methods' records (made by another
 # group: one more main seed is a seed the power and control groups ran) would have them overwritten. Refused as the
 # workflow loads, naming the cells and the way out.
@@ -77,7 +72,7 @@ rule local_corpus_pydocs:
 
 rule local_data:
     input:
-        local_corpus_source,
+        LOCAL_RULES.corpus_source(config["local"]),
     output:
         train=f"{RESULTS}/local/data/{{corpus}}/train.bin",
         val=f"{RESULTS}/local/data/{{corpus}}/val.bin",

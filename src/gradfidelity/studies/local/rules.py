@@ -95,6 +95,16 @@ def group_record(plan_module, results: str, group) -> str:
     return plan_module.run_pattern(results).replace("{method}", group.methods[0])
 
 
+def corpus_source(section: dict):
+    """input function of local_data: the job's own corpus file (a `source: file` corpus), else nothing."""
+
+    def _source(wildcards) -> list[str]:
+        entry = section["corpora"].get(wildcards.corpus) or {}
+        return [entry["path"]] if entry.get("source") == "file" else []
+
+    return _source
+
+
 def corpus_identity(section: dict, corpus: str, md5_of=None) -> dict:
     """What a cell's data are (harness/identity.py): the corpus's data settings and its text's MD5: the pinned `md5`
     when the entry gives one (the data job checks it), else the file's own (a user's text). Not its path: the same
