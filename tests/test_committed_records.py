@@ -86,3 +86,71 @@ def test_forcerun_of_one_committed_cell_reruns_it_alone(clone, pending):
     assert [r for r in _runs(jobs) if r not in pending and "/replay/" not in r] == [CELL]
     rules = {job.rule for job in jobs}
     assert {"async_pp_aggregate", "async_pp_tables", "async_pp_claims", "verify"} <= rules
+
+
+def _plan_text(work: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "snakemake", "-n", *args], cwd=work, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _local_cells(jobs) -> list:
+    return [job for job in jobs if job.rule.startswith("local_") and any(o.endswith("/metrics.json")
+                                                                        for o in job.outputs)]
+
+
+def test_a_changed_step_count_plans_every_local_cell_again_naming_the_key(clone):
+    """A record stands only for the config that made it (issue 56): no 100-step run is mixed with 2,000-step ones."""
+    plain = _local_cells(_plan(clone, "--config", "scale=cpu"))
+    assert plain == []
+    res = _plan_text(clone, "--config", "scale=cpu", "local={train: {steps: 100}}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    from gradfidelity.reference.dag import parse_dry_run
+
+    cells = _local_cells(parse_dry_run(res.stdout))
+    groups = sum(1 for line in res.stderr.splitlines()
+                 if line.startswith("[gradfidelity] results/cpu/local/")
+                 and line.endswith("planned again, config changed: train.steps 2000 -> 100"))
+    assert len(cells) == groups > 80  # every cell of every group, and the memory probes (their config holds train)
+
+
+def test_the_own_text_recipe_at_cpu_plans_the_data_and_every_cell_on_the_users_file(clone, tmp_path):
+    """The README's recipe as written (the user's file in python_docs' place): the data job and each cell are
+    planned with the reason, and nothing waits for the Python-docs build."""
+    text = tmp_path / "mytext.txt"
+    text.write_text("".join(f"line {i} of my own words, not the Python docs\n" for i in range(20000)))
+    my = tmp_path / "my.yaml"
+    my.write_text(f'local:\n  corpora:\n    python_docs: {{source: file, path: {text}, md5: ""}}\n')
+    res = _plan_text(clone, "local", "--configfile", str(my), "--config", "scale=cpu")
+    assert res.returncode == 0, res.stderr[-3000:]
+    from gradfidelity.reference.dag import parse_dry_run
+
+    jobs = parse_dry_run(res.stdout)
+    rules = [job.rule for job in jobs]
+    assert "local_data" in rules and "local_corpus_pydocs" not in rules
+    md5 = __import__("hashlib").md5(text.read_bytes()).hexdigest()
+    reason = f"data changed: corpus.text_md5 ffe3fd4a0f5469cba03458a8aed6d3b6 -> {md5}"
+    assert len(_local_cells(jobs)) == sum(reason in line for line in res.stderr.splitlines()) > 80
+
+
+def test_one_more_main_seed_of_study_c_stops_naming_the_overlap(clone):
+    """Seed 5 is a power and control seed: its main-cell job would overwrite their records (issue 56)."""
+    res = _plan_text(clone, "--config", "scale=cpu", "local={seeds: 6}")
+    assert res.returncode != 0
+    assert "main cell python_docs w64 seed 5 has bp, bp_tm, broadcast_async" in res.stderr
+    assert "local.quality_seeds" in res.stderr
+
+
+def test_one_more_quality_seed_of_study_c_plans_that_seed_alone(clone, pending):
+    jobs = _plan(clone, "--config", "scale=cpu", "local={quality_seeds: 41, control_seeds: 41}")
+    runs = [r for r in _runs(jobs) if r not in pending and r.startswith("results/cpu/local/")]
+    assert sorted(runs) == [f"results/cpu/local/python_docs/w64/{m}/seed40/metrics.json"
+                            for m in ("bp", "bp_tm", "broadcast_serial")]
+    assert {"local_aggregate", "local_claims", "verify"} <= {job.rule for job in jobs}
+
+
+def test_one_more_seed_of_study_b_plans_that_seeds_runs_alone(clone, pending):
+    jobs = _plan(clone, "--config", "scale=cpu", "async_pp={seeds: 6}")
+    runs = [r for r in _runs(jobs) if r not in pending and not r.startswith("results/cpu/bench/")]
+    assert runs and all("/seed5/" in r for r in runs), [r for r in runs if "/seed5/" not in r][:5]
+    assert all(r.startswith("results/cpu/async_pp/") for r in runs)
+    assert {"async_pp_aggregate", "async_pp_claims", "verify"} <= {job.rule for job in jobs}
