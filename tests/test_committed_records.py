@@ -136,8 +136,9 @@ def test_one_more_main_seed_of_study_c_stops_naming_the_overlap(clone):
     """Seed 5 is a power and control seed: its main-cell job would overwrite their records (issue 56)."""
     res = _plan_text(clone, "--config", "scale=cpu", "local={seeds: 6}")
     assert res.returncode != 0
-    assert "main cell python_docs w64 seed 5 has bp, bp_tm, broadcast_async" in res.stderr
-    assert "local.quality_seeds" in res.stderr
+    said = res.stdout + res.stderr  # Snakemake prints a load-time error on stdout
+    assert "main cell python_docs w64 seed 5 has bp, bp_tm, broadcast_async" in said
+    assert "local.quality_seeds" in said
 
 
 def test_one_more_quality_seed_of_study_c_plans_that_seed_alone(clone, pending):
