@@ -20,9 +20,18 @@ CLAIM_EVIDENCE.append(DS_AUDIT_EVIDENCE)
 REPORT_TARGETS.extend(list(DS_AUDIT_TABLES.values()) + list(DS_AUDIT_FIGURES.values()))
 
 
+# What each probe's record stands for (harness/identity.py): its `--cfg` (the DeepSpeed release and the rank count
+# are its wildcards, its path).
+DS_AUDIT_IDENTITY = {job: job_identity("ds_audit", job, ds_audit_rules.job_cfg(config["ds_audit"], job))
+                     for job in ("matrix_group", "loss_agg")}
+
+
 rule ds_audit_matrix_group:
     wildcard_constraints:
         **ds_audit_rules.WILDCARDS,
+    input:
+        unless_committed("ds_audit_matrix_group", ds_audit_plan.group_metrics(RESULTS), [],
+                         identity=DS_AUDIT_IDENTITY["matrix_group"]),
     output:
         ds_audit_plan.group_metrics(RESULTS),
     params:
@@ -31,6 +40,7 @@ rule ds_audit_matrix_group:
         env=ds_audit_rules.deepspeed_env(DS0189_ENV),
         run_dir=ds_audit_rules.run_dir,
         cell=cell_json,
+        identity=identity_env(DS_AUDIT_IDENTITY["matrix_group"]),
     log:
         f"{RESULTS}/ds_audit/logs/matrix_deepspeed~{{version}}_ranks~{{ranks}}.log",
     benchmark:
@@ -41,11 +51,13 @@ rule ds_audit_matrix_group:
     resources:
         **rule_resources("ds_audit_matrix_group"),
     shell:
-        "{params.env} {params.gf} ds-audit-group --cfg {params.cfg} --version {wildcards.version} "
+        "{params.identity}{params.env} {params.gf} ds-audit-group --cfg {params.cfg} --version {wildcards.version} "
         "--ranks {wildcards.ranks} --run-dir {params.run_dir} --cell {params.cell} > {log} 2>&1"
 
 
 rule ds_audit_loss_agg:
+    input:
+        unless_committed("ds_audit_loss_agg", DS_AUDIT_LOSS, [], identity=DS_AUDIT_IDENTITY["loss_agg"]),
     output:
         DS_AUDIT_LOSS,
     params:
@@ -53,6 +65,7 @@ rule ds_audit_loss_agg:
         cfg=ds_audit_rules.job_cfg(config["ds_audit"], "loss_agg"),
         run_dir=ds_audit_rules.run_dir,
         cell=cell_json,
+        identity=identity_env(DS_AUDIT_IDENTITY["loss_agg"]),
     log:
         f"{RESULTS}/ds_audit/logs/loss_agg.log",
     benchmark:
@@ -63,7 +76,7 @@ rule ds_audit_loss_agg:
     resources:
         **rule_resources("ds_audit_loss_agg"),
     shell:
-        "{params.gf} ds-audit-loss-agg --cfg {params.cfg} --run-dir {params.run_dir} --cell {params.cell} "
+        "{params.identity}{params.gf} ds-audit-loss-agg --cfg {params.cfg} --run-dir {params.run_dir} --cell {params.cell} "
         "> {log} 2>&1"
 
 
