@@ -153,3 +153,30 @@ def test_own_text_recipe_trains_on_the_users_bytes_at_smoke(tmp_path):
     ours = json.loads((work / cell).read_text())["metrics"]
     assert ours["val_bpb"] != theirs["val_bpb"]
     shutil.rmtree(work)
+
+
+def _fake_run(root: Path, seed: int, steps: int) -> str:
+    d = root / f"w64/bp/seed{seed}"
+    d.mkdir(parents=True)
+    cell = {"study": "local", "corpus": "python_docs", "width": "64", "method": "bp", "seed": str(seed)}
+    (d / "metrics.json").write_text(json.dumps({"status": "ok", "study": "local", "scale": "cpu", "seed": seed,
+                                                "cell": cell, "metrics": {"val_bpb": 2.8}, "timing": {}}))
+    identity = ident.job_identity("local", "train", {"train": {"steps": steps}})
+    (d / "provenance.json").write_text(json.dumps({"seed": seed, "status": "ok", "identity": identity}))
+    return str(d / "metrics.json")
+
+
+def test_an_aggregate_refuses_two_configs_in_one_cell_naming_both(tmp_path):
+    from gradfidelity.errors import UserError
+    from gradfidelity.harness.results import load_run_records, runs_table
+
+    same = [_fake_run(tmp_path / "a", k, 2000) for k in range(3)]
+    assert len(load_run_records(same, "cpu")) == 3
+    table = runs_table(same, "cpu")
+    expected = ident.job_identity("local", "train", {"train": {"steps": 2000}})["hash"]
+    assert list(table["config_hash"]) == [expected] * 3
+    mixed = [_fake_run(tmp_path / "b", 0, 2000), _fake_run(tmp_path / "b", 1, 100)]
+    with pytest.raises(UserError, match="two configs or data") as err:
+        load_run_records(mixed, "cpu")
+    assert expected in str(err.value)
+    assert ident.job_identity("local", "train", {"train": {"steps": 100}})["hash"] in str(err.value)

@@ -20,10 +20,38 @@ from gradfidelity.harness.provenance import IDENTITY_KEYS, UNKNOWN_ISA, split_di
 STATUSES = ("ok", "diverged")
 
 
+def identity_hash(run_dir: str | Path) -> str | None:
+    """The hash of the identity (harness/identity.py) a run's provenance.json records, or None (no provenance, or
+    a record made before identities)."""
+    path = Path(run_dir) / "provenance.json"
+    if not path.is_file():
+        return None
+    return (read_json(path).get("identity") or {}).get("hash")
+
+
+def check_one_identity_per_cell(records: list[dict]) -> None:
+    """Refuse runs of one cell (the same wildcards but the seed) made with two identities, naming both: a cell's
+    seeds are repeats of one config on one data, never a mix (a 100-step run beside 2,000-step ones)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for record in records:
+        digest = identity_hash(record["run_dir"])
+        if digest is None:
+            continue
+        cell = {k: v for k, v in (record.get("cell") or {}).items() if k != "seed"}
+        key = json.dumps(cell, sort_keys=True)
+        if key in seen and seen[key][0] != digest:
+            other_hash, other_run = seen[key]
+            raise UserError(f"runs of one cell {cell} were made with two configs or data: {other_run} (identity "
+                            f"{other_hash}) and {record['run_dir']} (identity {digest}); their provenance.json "
+                            "files say what differs (`identity`). Rerun the stale ones; an aggregate never mixes them")
+        seen.setdefault(key, (digest, record["run_dir"]))
+
+
 def load_run_records(paths: Iterable[str | Path], scale: str | None = None) -> list[dict]:
     """Each metrics.json as a dict: status, seed, scale, metrics, timing, plus `path` and `run_dir`.
 
-    With `scale`, every run must have been made at that scale (the harness records it in metrics.json).
+    With `scale`, every run must have been made at that scale (the harness records it in metrics.json). Runs of one
+    cell made with two identities are refused (`check_one_identity_per_cell`).
     """
     records = []
     for path in paths:
@@ -35,6 +63,7 @@ def load_run_records(paths: Iterable[str | Path], scale: str | None = None) -> l
         if scale is not None and record.get("scale") != scale:
             raise UserError(f"{path} was made at scale {record.get('scale')!r}, not {scale!r}: rerun it")
         records.append({**record, "path": str(path), "run_dir": str(Path(path).parent)})
+    check_one_identity_per_cell(records)
     return records
 
 
@@ -115,6 +144,7 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
     metrics.json itself (cell, histories and timing included), so that the table alone can rebuild the run
     records an aggregation reads (check-reference recomputes claims from it; `records_from_runs_table`).
     `tokens_per_s` (and `shares_machine`, for a job that ran beside another) where the study's runs time it.
+    `config_hash`: the hash of the identity the run was made with (its config section and data: harness/identity.py).
     """
     rows = []
     for record in load_run_records(paths, scale):
@@ -126,6 +156,8 @@ def runs_table(paths: Iterable[str | Path], scale: str | None = None) -> pd.Data
                "seed": record.get("seed"), "status": record["status"],
                "git_sha": prov.get("git_sha"), "git_dirty": dirty, "git_dirty_files": " ".join(files),
                "git_dirty_outputs": " ".join(outputs),
+               # what made the run: its identity's hash (harness/identity.py), one value a cell
+               "config_hash": (prov.get("identity") or {}).get("hash"),
                "cpu_model": machine.get("cpu_model"),
                **{key: machine.get(key, UNKNOWN_ISA) for key in IDENTITY_KEYS},
                "cpu_count": machine.get("cpu_count"),
