@@ -97,12 +97,15 @@ lint-only:
 	$(VENV)/bin/snakemake --lint
 
 # The reviewer's check of the committed cpu results: a fixed stratified sample of runs (every study) rerun in a
-# scratch copy, every training metric compared with results/cpu/runs/*.csv (bit for bit on the same host type,
-# else within the measured cross-host drift), the sampled studies' verdicts recomputed with the rerun values.
-# Exit 0: all within their rules, no verdict flipped; 1: a metric outside its rule; 3: only verdicts flipped.
-# One summary line last; the full table in .cache/check-reference.csv (verdicts: .cache/check-reference.verdicts.csv).
+# scratch copy, one Snakemake call per study (drift-only studies first, study A last); every training metric compared
+# with results/cpu/runs/*.csv (bit for bit on the same host type, else within the measured cross-host drift; study A's
+# claim metrics as one more seed of their arm). One short run per study measures this host's speed first and the
+# expected time is printed. BUDGET=SECONDS sizes the sample to that wall time and stops there (default: the fixed
+# sample, run to its end). Exit 0: all within their rules, no verdict flipped; 1: a metric outside its rule;
+# 3: only verdicts flipped; 4: incomplete (a rerun job failed, the budget ran out, Ctrl-C): the runs that finished
+# are compared, none outside its rule. One summary line last; the compared runs' table in .cache/check-reference.csv.
 check-reference: setup cpu-data
-	$(PY) -m gradfidelity check-reference --cores $(CORES) --out .cache/check-reference.csv
+	$(PY) -m gradfidelity check-reference --cores $(CORES) --out .cache/check-reference.csv $(if $(BUDGET),--budget $(BUDGET))
 
 # Every committed table, figure, claim and runs table rebuilt from the committed run records (no training job) and
 # compared with the committed files: exit 1 naming each file that differs (CONTRIBUTING.md, committing cpu results).

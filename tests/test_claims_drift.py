@@ -134,7 +134,7 @@ def test_a_measurement_of_runs_rerun_since_reads_stale_though_its_verdict_and_va
     then and now): the round-4 drift rows matched today's verdict and value and read 'unchanged ... value
     identical'. The comparison's record digest of each run, against the run's record now, tells them apart."""
     from gradfidelity.claims.report import STALE
-    from gradfidelity.reference.check import RECORD, record_digest
+    from gradfidelity.harness.record_compare import RECORD, record_digest
 
     run = _run_with_record(tmp_path, {"x": 1.0})
     digest = record_digest(json.dumps({"study": "ds_audit", "metrics": {"x": 1.0}}))

@@ -91,7 +91,30 @@ def test_across_host_types_a_chaotic_metric_is_a_mismatch(tmp_path):
     _drift(tmp_path, rel=0.6)  # above the largest comparable drift: not comparable across hosts
     committed = _run(tmp_path / "run", loss=3.5)
     with pytest.raises(UserError, match="another draw on this host type"):
-        check(committed, _run(tmp_path / "replay", loss=3.5, machine=INTEL), tmp_path)
+        check(committed, _run(tmp_path / "replay", loss=3.5000001, machine=INTEL), tmp_path)
+
+
+def test_across_host_types_an_identical_value_is_equal(tmp_path):
+    """Issue 56: a study-B cell's selected LR, identical across host types (0.008 -> 0.008), counted as a mismatch
+    because its rule says "not comparable". Equal is equal on any host type; a moved value still is not."""
+    atomic_write_csv(pd.DataFrame([{"study": "async_pp", "run": "r", "metric": "lr", "rel_difference": 2.0},
+                                   {"study": "async_pp", "run": "r", "metric": "final_val_loss",
+                                    "rel_difference": 0.002}]), tmp_path / "results/cpu/reference/drift_test.csv")
+
+    def run(path, lr, loss, machine):
+        metrics = _run(path, loss=loss, machine=machine)
+        record = json.loads(metrics.read_text())
+        record["metrics"]["lr"] = lr
+        atomic_write_json(metrics, record)
+        return metrics
+
+    committed = run(tmp_path / "run", 0.008, 3.5, AMD)
+    assert "equals its committed record" in check(committed, run(tmp_path / "a/replay", 0.008, 3.501, INTEL),
+                                                  tmp_path)
+    assert "equals its committed record" in check(committed, run(tmp_path / "b/replay", 0.008, 3.5, INTEL),
+                                                  tmp_path)  # the whole record equal too
+    with pytest.raises(UserError, match=r"lr: 0.008 -> 0.004 \(not comparable"):
+        check(committed, run(tmp_path / "c/replay", 0.004, 3.5, INTEL), tmp_path)
 
 
 def test_parts_split_by_whole_seeds():
@@ -136,8 +159,58 @@ rule local_data:
         f"{out}\tSat Dec  5 10:00:00 2026\t{rule}\t-\tok\tno update\n" for out, rule in rows)
     monkeypatch.setattr(rebuild, "snakemake", lambda work, args, *a, **k: subprocess.CompletedProcess(
         args, 0, stdout=summary if "--summary" in args else dry, stderr=""))
-    checkpoints, others = rebuild.forced_outputs(tmp_path, "cpu", {"local"})
+    checkpoints, others, training = rebuild.forced_outputs(tmp_path, "cpu", {"local"})
+    assert training == {"async_pp_train", "async_pp_bench", "local_data"}
     assert checkpoints == ["results/cpu/async_pp/lr_rounds/round0.json"]
     assert others == ["paper_tables/cpu/claims.csv", "results/cpu/async_pp/curves.csv",
                       "results/cpu/async_pp/runs.csv", "results/cpu/sft_rl/aggregate.csv"]
     assert rebuild.is_record_or_data("results/cpu/sft_rl/m/base/seed0/replay/metrics.json", "cpu")
+
+
+def test_check_rebuild_refuses_a_training_job_before_forcing_anything(monkeypatch, tmp_path):
+    """Issue 56: in a clone whose venv path differed, Snakemake found "Params have changed" on a forced cell and the
+    rebuild retrained it. Now the rebuild's own command is dry-run first: a planned training job stops it, named
+    with Snakemake's reason, and no forcing call runs. A dry run of analysis jobs only lets it go on."""
+    import subprocess
+
+    import gradfidelity.rebuild as rebuild
+    from gradfidelity.errors import UserError
+
+    summary = "output_file\tdate\trule\tlog-file(s)\tstatus\tplan\n" + "".join(
+        f"{out}\tSat Dec  5 10:00:00 2026\t{rule}\t-\tok\tno update\n" for out, rule in [
+            ("results/cpu/async_pp/c/seed0/metrics.json", "async_pp_train"),
+            ("results/cpu/async_pp/runs.csv", "async_pp_aggregate")])
+    retrains = """rule async_pp_aggregate:
+    input: results/cpu/async_pp/c/seed0/metrics.json
+    output: results/cpu/async_pp/runs.csv
+    jobid: 1
+    reason: Forced execution
+rule async_pp_train:
+    output: results/cpu/async_pp/c/seed0/metrics.json
+    jobid: 2
+    reason: Params have changed since last execution
+"""
+    analysis_only = retrains.split("rule async_pp_train")[0]
+    forcing = []
+
+    def fake_snakemake(work, args, *a, **k):
+        out = summary if "--summary" in args else (dry if "--forcerun" in args else "")
+        return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(rebuild, "snakemake", fake_snakemake)
+    monkeypatch.setattr(rebuild, "missing_runs", lambda *a: [])
+    monkeypatch.setattr(rebuild.subprocess, "run", lambda cmd, **k: forcing.append(cmd) or subprocess.CompletedProcess(
+        cmd, 0, stdout="", stderr=""))
+    dry = retrains
+    with pytest.raises(UserError) as err:
+        rebuild.check_rebuild(tmp_path)
+    assert forcing == []  # nothing forced
+    text = str(err.value)
+    assert "would run 1 training job(s); nothing was forced" in text
+    assert "rule async_pp_train: results/cpu/async_pp/c/seed0/metrics.json (reason: Params have changed" in text
+    dry = analysis_only
+    rebuild.check_rebuild(tmp_path)
+    assert forcing and "--forcerun" in forcing[0]  # the analysis pass went ahead
+    assert rebuild.training_jobs(analysis_only, {"async_pp_train"}, "cpu") == []
+    data_job = "rule prep:\n    output: results/cpu/local/data/enwik8/train.bin\n"
+    assert [j.rule for j in rebuild.training_jobs(data_job, set(), "cpu")] == ["prep"]  # by its output too

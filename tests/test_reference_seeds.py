@@ -21,10 +21,21 @@ from gradfidelity.reference.check import (
     select,
     summary_line,
 )
-from gradfidelity.reference.seeds import FAMILY_ALPHA, arm_of, chaotic_metrics, judge, prediction_interval
+from gradfidelity.reference.seeds import (
+    ANOTHER_BASE,
+    CANNOT_FAIL,
+    FAMILY_ALPHA,
+    READING,
+    arm_of,
+    chaotic_metrics,
+    claim_metrics,
+    judge,
+    prediction_interval,
+)
 from gradfidelity.studies import STUDIES
 
 REPO = Path(__file__).resolve().parents[1]
+CLAIMS = {"sft_rl": {"acc_id": (0.0, 100.0)}}  # the metrics the claims read, as a study declares them
 AMD = {"cpu_vendor": "AuthenticAMD", "cpu_family": 25, "cpu_model_number": 17, "cpu_stepping": 1,
        "cpu_capability": "AVX512", "cpu_flags": "avx2 avx512f avx512_bf16", "cpu_isa_limits": "none"}
 INTEL = {**AMD, "cpu_vendor": "GenuineIntel", "cpu_family": 6, "cpu_model_number": 167}
@@ -48,29 +59,40 @@ def test_a_chaotic_rerun_inside_its_arms_interval_passes_and_one_outside_fails()
     seeds = _rows(SEEDS)
     committed = seeds.iloc[[0]]
     inside = _rows([46.3], host=INTEL, digest='{"a": 2}')  # the Intel host's rerun of seed 0
-    table = compare(committed, inside, {("sft_rl", "acc_id"): None}, seeds=seeds)
+    table = compare(committed, inside, {("sft_rl", "acc_id"): None}, seeds=seeds, claims=CLAIMS)
     row = table[table["metric"] == "acc_id"].iloc[0]
     assert row["verdict"] == "ok" and row["rule"].startswith("one more seed") and "(n=8)" in row["rule"]
     assert exit_code(table, None) == 0
     outside = _rows([95.0], host=INTEL, digest='{"a": 2}')
-    table = compare(committed, outside, {("sft_rl", "acc_id"): None}, seeds=seeds)
+    table = compare(committed, outside, {("sft_rl", "acc_id"): None}, seeds=seeds, claims=CLAIMS)
     assert table.loc[table["metric"] == "acc_id", "verdict"].item() == "MISMATCH"
     assert exit_code(table, None) == 1
     assert "as one more seed" not in summary_line(table, None, {})
 
 
-def test_the_level_is_bonferroni_over_the_checks_chaotic_comparisons():
-    seeds = _rows(SEEDS).assign(metric_acc_macro=SEEDS)  # two chaotic metrics: m = 2
-    rerun = _rows([40.0], host=INTEL).assign(metric_acc_macro=40.0)
-    table = compare(seeds.iloc[[0]], rerun, {}, seeds=seeds)
-    rules = table.loc[table["metric"].isin(["acc_id", "acc_macro"]), "rule"]
-    assert all(f"{100 * (1 - FAMILY_ALPHA / 2):.5g}% PI" in r for r in rules)
+def test_the_level_is_bonferroni_over_the_claim_metrics_only():
+    """Two metrics a claim reads: m = 2. A third chaotic metric no claim reads (a token count) is a reading: it
+    neither widens the claims' intervals (round 5 spent the family on every metric) nor passes or fails."""
+    tokens = [568_100.0, 600_000.0, 640_000.0, 610_000.0, 590_000.0, 620_000.0, 605_000.0, 615_000.0]
+    seeds = _rows(SEEDS).assign(metric_acc_long=SEEDS, metric_gen_tokens=tokens)
+    rerun = _rows([40.0], host=INTEL).assign(metric_acc_long=40.0, metric_gen_tokens=662_733.0)
+    claims = {"sft_rl": {"acc_id": (0.0, 100.0), "acc_long": (0.0, 100.0)}}
+    table = compare(seeds.iloc[[0]], rerun, {}, seeds=seeds, claims=claims).set_index("metric")
+    for metric in ("acc_id", "acc_long"):
+        assert f"{100 * (1 - FAMILY_ALPHA / 2):.5g}% PI" in table.loc[metric, "rule"]
+        assert table.loc[metric, "verdict"] == "ok"
+    assert table.loc["gen_tokens", "verdict"] == READING
+    assert table.loc["gen_tokens", "rule"].startswith("reading: no claim reads it; outside the arm's 95% PI")
+    line = summary_line(table.reset_index(), None, {})
+    assert "2 as one more seed (inside their arm's prediction interval at family level 0.05 over 2 claim metrics)" \
+        in line and "1 readings" in line and "0 outside their rule" in line
+    assert exit_code(table.reset_index(), None) == 0
 
 
 def test_a_record_mismatch_on_the_same_host_type_still_fails():
     seeds = _rows(SEEDS)
     same_value_other_record = _rows([SEEDS[0]], digest='{"a": 2}')  # the same host type: exact, record included
-    table = compare(seeds.iloc[[0]], same_value_other_record, {}, seeds=seeds)
+    table = compare(seeds.iloc[[0]], same_value_other_record, {}, seeds=seeds, claims=CLAIMS)
     assert table.loc[table["metric"] == RECORD, "verdict"].item() == "MISMATCH"
     assert table.loc[table["metric"] == "acc_id", "rule"].item() == "exact"
     assert exit_code(table, None) == 1
@@ -79,7 +101,7 @@ def test_a_record_mismatch_on_the_same_host_type_still_fails():
 def test_without_a_seed_distribution_the_drift_rule_applies():
     base = _rows([36.2], arm="results/cpu/sft_rl/tiny-qwen2/base")
     rerun = _rows([35.0], host=INTEL, arm="results/cpu/sft_rl/tiny-qwen2/base")
-    table = compare(base, rerun, {("sft_rl", "acc_id"): None}, seeds=base)
+    table = compare(base, rerun, {("sft_rl", "acc_id"): None}, seeds=base, claims=CLAIMS)
     assert table.loc[table["metric"] == "acc_id", "verdict"].item() == "not comparable"
     assert judge(1.0, 1.0, [1.0, 1.0], 0.05)[1] == "not comparable"  # fewer than 3 seeds
     assert judge(7.0, 7.0, [7.0] * 4, 0.05)[1] == "ok" and judge(7.0, 8.0, [7.0] * 4, 0.05)[1] == "MISMATCH"
@@ -133,3 +155,82 @@ def test_every_claim_of_a_chaotic_study_gets_a_run_from_two_of_its_arms():
 
 def test_an_arm_is_its_run_without_the_seed():
     assert arm_of(f"{ARM}/seed12") == ARM and arm_of(ARM) == ARM
+
+
+def test_an_interval_wider_than_the_metrics_range_cannot_fail():
+    """Round 5's ReLIFT acc_id interval was [-5.9, 104.9]: wider than an accuracy's whole range 0-100, so no rerun
+    could fall outside it. Such a comparison is counted as "cannot fail", never as "ok"."""
+    spread = [5.0, 60.0, 95.0, 20.0, 80.0]  # seeds that took off and seeds that did not
+    seeds = _rows(spread)
+    n, mean, sd = len(spread), sum(spread) / len(spread), pd.Series(spread).std()
+    low, high = stats.t.interval(0.95, n - 1, loc=mean, scale=sd * math.sqrt(1 + 1 / n))
+    assert low < 0 and high > 100  # the independent reference: scipy's interval holds the whole range
+    for value in (50.0, 0.0):  # a rerun anywhere in the range, even at its edge
+        table = compare(seeds.iloc[[0]], _rows([value], host=INTEL, digest='{"a": 2}'), {}, seeds=seeds,
+                        claims=CLAIMS)
+        row = table.set_index("metric").loc["acc_id"]
+        assert row["verdict"] == CANNOT_FAIL and "holds the whole range [0, 100]" in row["rule"]
+        line = summary_line(table, None, {})
+        assert "1 cannot fail (interval wider than the metric's range)" in line and "as one more seed" not in line
+        assert exit_code(table, None) == 0
+    # an interval past one end only can still fail at the other: judged
+    narrow = [10.0, 12.0, 30.0, 14.0]
+    table = compare(_rows(narrow).iloc[[0]], _rows([95.0], host=INTEL), {}, seeds=_rows(narrow), claims=CLAIMS)
+    assert table.set_index("metric").loc["acc_id", "verdict"] == "MISMATCH"
+    assert judge(10.0, 50.0, spread, 0.05, None)[1] == "ok"  # without a declared range nothing says it cannot fail
+
+
+def test_an_identical_value_across_host_types_is_ok():
+    """Issue 58: a selected LR identical on every run (and a record digest of equal records) counted as "not
+    comparable" across hosts. Equal is equal on any host type: bit for bit, whatever the metric's rule."""
+    committed = _rows([3e-5], metric="lr", study="async_pp", arm="results/cpu/async_pp/c", digest='{"lr": 3e-5}')
+    rerun = _rows([3e-5], host=INTEL, metric="lr", study="async_pp", arm="results/cpu/async_pp/c",
+                  digest='{"lr": 3e-5}')
+    table = compare(committed, rerun, {("async_pp", "lr"): None}).set_index("metric")
+    assert table.loc["lr", "verdict"] == "ok" and table.loc["lr", "hosts"] == "cross"
+    assert table.loc[RECORD, "verdict"] == "ok"  # equal records: ok on another host type too
+    assert "2 metrics: 2 bit for bit" in summary_line(table.reset_index(), None, {})
+    moved = compare(committed, rerun.assign(metric_lr=1e-4, metrics_json='{"lr": 1e-4}'),
+                    {("async_pp", "lr"): None}).set_index("metric")
+    assert moved.loc["lr", "verdict"] == "not comparable" and moved.loc[RECORD, "verdict"] == "not comparable"
+    # study A's chaotic lr, identical: ok, never judged as one more seed
+    seeds = _rows([3e-5, 3e-5, 1e-4, 3e-5], metric="lr")
+    same = compare(seeds.iloc[[0]], _rows([3e-5], host=INTEL, metric="lr"), {}, seeds=seeds, claims=CLAIMS)
+    assert same.set_index("metric").loc["lr", "verdict"] == "ok"
+
+
+def test_a_run_from_another_base_is_not_judged_as_one_more_seed():
+    seeds = _rows(SEEDS)
+    far = _rows([95.0], host=INTEL, digest='{"a": 2}')  # would be outside the interval
+    table = compare(seeds.iloc[[0]], far, {}, seeds=seeds, claims=CLAIMS,
+                    other_base={seeds["run_id"][0]: "tiny-qwen2/base/seed0's record a -> b"}).set_index("metric")
+    assert table.loc["acc_id", "verdict"] == ANOTHER_BASE
+    assert table.loc["acc_id", "rule"] == "another base: tiny-qwen2/base/seed0's record a -> b"
+    assert exit_code(table.reset_index(), None) == 0
+    assert "1 another base" in summary_line(table.reset_index(), None, {})
+
+
+def test_another_base_compares_the_upstream_records(tmp_path):
+    from gradfidelity.reference.check import another_base
+
+    base, run = "results/cpu/sft_rl/m/base/seed0", "results/cpu/sft_rl/m/fixed/sft/seed0"
+    (tmp_path / base).mkdir(parents=True)
+    (tmp_path / base / "metrics.json").write_text('{"metrics": {"acc_id": 35.0}, "timing": {"wall_s": 9}}')
+    same = '{"metrics": {"acc_id": 35.0}, "timing": {"wall_s": 108}}'  # wall clock aside: the same record
+    assert another_base({run: [base]}, {base: same}, tmp_path) == {}
+    other = another_base({run: [base]}, {base: '{"metrics": {"acc_id": 36.0}}'}, tmp_path)
+    assert list(other) == [run] and other[run].startswith("sft_rl/m/base/seed0's record ")
+    assert another_base({run: [base]}, {}, tmp_path) == {}  # not a committed run: nothing to compare
+
+
+def test_every_chaotic_study_declares_the_metrics_its_claims_read():
+    """check-reference judges only the metrics a claim reads (issue 58); each one a column of the study's committed
+    runs table, with a range (an accuracy: 0-100)."""
+    for study in STUDIES:
+        if not chaotic_metrics(study):
+            continue
+        declared = claim_metrics(study)
+        columns = set(pd.read_csv(REPO / "results/cpu/runs" / f"{study}.csv", nrows=1).columns)
+        assert declared, f"{study} is chaotic across hosts but declares no CLAIM_METRICS"
+        assert {f"metric_{m}" for m in declared} <= columns
+        assert all(low < high for low, high in declared.values())

@@ -9,14 +9,16 @@ import pandas as pd
 import pytest
 
 import gradfidelity.reference.check as reference
+import gradfidelity.reference.schedule as schedule
 import gradfidelity.reference.verdicts as rv
 from gradfidelity.claims.verify import INCONCLUSIVE, REPRODUCED, load_evidence, verify
 from gradfidelity.errors import UserError
 from gradfidelity.harness.results import load_run_records, records_from_runs_table, runs_table
 from gradfidelity.reference.check import exit_code, summary_line
-from gradfidelity.reference.dag import parse_dry_run
+from gradfidelity.reference.dag import Job, parse_dry_run
 from gradfidelity.reference.verdicts import allowed_rules, verdict_changes
 from gradfidelity.studies.local.claims import EVIDENCE_VERSION as LOCAL_EVIDENCE_VERSION
+from tests._reference_fakes import FakeSnakemake
 
 ROW = {"id": "X1", "study": "local", "paper": "p", "statement": "s", "paper_value": "v", "metric": "m",
        "check": {"kind": "gt", "threshold": 1.0}, "scales": ["smoke", "cpu"], "why": "w", "min_n": 3,
@@ -76,7 +78,8 @@ def test_exit_codes_and_the_summary_line(tmp_path):
 @pytest.fixture
 def fake_checkout(tmp_path, monkeypatch):
     """A checkout with one committed local run, a drift measurement, committed evidence for X1 (reproduced), and
-    check_reference's rerun and recompute replaced by hand-made results (`set_rerun(loss, estimate, low, high)`)."""
+    check_reference's dry run, Snakemake calls and recompute replaced by hand-made results
+    (`set_rerun(loss, estimate, low, high)`)."""
     repo = tmp_path / "repo"
     for sub in ("runs", "reference", "claims"):
         (repo / "results" / "cpu" / sub).mkdir(parents=True)
@@ -87,13 +90,11 @@ def fake_checkout(tmp_path, monkeypatch):
         repo / "results/cpu/reference/drift_x.csv", index=False)
     (repo / "results/cpu/claims/local.json").write_text(json.dumps(  # today's evidence version: not stale
         {"study": "local", "scale": "cpu", "evidence_version": LOCAL_EVIDENCE_VERSION, "values": {}}))
-    monkeypatch.setattr(reference, "plan_sample", lambda *a, **k: [RUN])
+    monkeypatch.setattr(reference, "dry_run_plans", lambda *a, **k: {"local": [Job("train", [f"{RUN}/metrics.json"])]})
     monkeypatch.setattr(rv, "committed_verdicts", lambda *a, **k: _verdicts(tmp_path, "before", 1.2, 1.05, 1.35))
 
     def set_rerun(loss, estimate, low, high):
-        rerun = pd.DataFrame([{"run_id": RUN, "study": "local", "seed": 0, "status": "ok", **HOST,
-                               "metric_val_bpb": loss}])
-        monkeypatch.setattr(reference, "rerun_sample", lambda *a, **k: rerun)
+        monkeypatch.setattr(schedule, "snakemake_call", FakeSnakemake({RUN: ("local", {"val_bpb": loss}, 20.0)}))
         monkeypatch.setattr(rv, "recompute_study", lambda *a, **k: _verdicts(tmp_path, "after", estimate, low, high))
     return repo, set_rerun
 

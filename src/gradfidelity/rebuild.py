@@ -7,6 +7,11 @@ downstream of them, and no training job, then lists every committed file that ch
 
 A study with a planned run that has no record yet (`parts.missing_runs`) is left out and named: rebuilding it would
 train.
+
+A rebuild never trains (issue 56): before each forcing pass the same Snakemake command is dry-run, and if it plans any
+training job (a job of a rule that writes a run record, a bench or prepared data: `is_record_or_data`, or with such an
+output) the rebuild stops before forcing anything, naming each job with Snakemake's reason. Round 5 met this in a
+clone whose venv path differed: Snakemake found "Params have changed" on a forced cell and retrained it.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from gradfidelity.errors import UserError
 from gradfidelity.parts import missing_runs
-from gradfidelity.reference.dag import parse_dry_run, snakemake
+from gradfidelity.reference.dag import Job, parse_dry_run, snakemake
 from gradfidelity.studies import STUDIES
 
 OUTPUT_ROOTS = ("paper_tables/{scale}", "figures/{scale}", "results/{scale}")
@@ -34,9 +40,9 @@ def _skipped(path: str, skip: set[str]) -> bool:
     return any(f"/{s}/" in path or f"/{s}." in path or f"/{s}_" in path for s in skip)
 
 
-def forced_outputs(repo: Path, scale: str, skip: set[str]) -> tuple[list[str], list[str]]:
-    """(the checkpoints' outputs, every other analysis output) of the workflow, those of the `skip` studies left
-    out: forcing them reruns them and everything downstream, and nothing upstream.
+def forced_outputs(repo: Path, scale: str, skip: set[str]) -> tuple[list[str], list[str], set[str]]:
+    """(the checkpoints' outputs, every other analysis output, the training rules) of the workflow, those of the
+    `skip` studies left out: forcing them reruns them and everything downstream, and nothing upstream.
 
     The checkpoints (the LR rounds) come from a dry run with --forceall. The other outputs come from `snakemake
     --summary`, which resolves the DAG through the checkpoints' existing outputs: a --forceall dry run cannot list
@@ -56,14 +62,39 @@ def forced_outputs(repo: Path, scale: str, skip: set[str]) -> tuple[list[str], l
         raise SystemExit("check-rebuild: snakemake --summary listed no output")
     training = {rule for out, rule in rows if is_record_or_data(out, scale)}
     others = sorted({out for out, rule in rows if rule not in training and not _skipped(out, skip)})
-    return checkpoints, others
+    return checkpoints, others, training
+
+
+def training_jobs(dry_run: str, training: set[str], scale: str) -> list[Job]:
+    """The jobs of a dry run that would train: of a training rule, or with a record or data output."""
+    return [job for job in parse_dry_run(dry_run)
+            if job.rule in training or any(is_record_or_data(o, scale) for o in job.outputs)]
+
+
+def refuse_training(repo: Path, args: list[str], training: set[str], scale: str, passes: int = 0) -> None:
+    """Dry-run the Snakemake call `args` and raise UserError naming every training job it would run (with
+    Snakemake's reason) before the call forces anything. `passes`: the forcing passes already run."""
+    done = snakemake(repo, ["-n", *args])
+    if done.returncode != 0:
+        raise UserError(f"check-rebuild: the dry run of the rebuild failed:\n{done.stderr[-3000:]}")
+    jobs = training_jobs(done.stdout, training, scale)
+    if not jobs:
+        return
+    named = [f"  rule {j.rule}: {', '.join(j.outputs[:2])}" + (f" (reason: {j.reason})" if j.reason else "")
+             for j in jobs[:20]] + (["  ..."] if len(jobs) > 20 else [])
+    done_so_far = ("nothing was forced" if not passes else
+                   f"stopped before pass {passes + 1}; the {passes} pass(es) before it reran analysis jobs only")
+    raise UserError(f"check-rebuild would run {len(jobs)} training job(s); {done_so_far}:\n" + "\n".join(named)
+                    + f"\nA rebuild reruns analysis jobs only. Make these records current first (`snakemake -n "
+                    f"--config scale={scale}` says why each is planned), or rebuild from a checkout whose records "
+                    "stand.")
 
 
 def check_rebuild(repo: Path, scale: str = "cpu", cores: int = 2) -> int:
     skip = {s for s in STUDIES if missing_runs(repo, scale, s)}
     for s in sorted(skip):
         print(f"check-rebuild: {s} left out: some of its planned runs have no committed record")
-    checkpoints, others = forced_outputs(repo, scale, skip)
+    checkpoints, others, training = forced_outputs(repo, scale, skip)
     targets = checkpoints + others
     start, started = time.monotonic(), time.time()
     # Passes until every forced output is rewritten: a forced job that feeds a checkpoint-dependent input function
@@ -73,9 +104,9 @@ def check_rebuild(repo: Path, scale: str = "cpu", cores: int = 2) -> int:
     forced, passes = checkpoints or others, 0
     while forced:
         passes += 1
-        cmd = [sys.executable, "-m", "snakemake", f"-c{cores}", "--config", f"scale={scale}", "--forcerun", *forced,
-               "--", "all"]
-        rc = subprocess.run(cmd, cwd=repo).returncode
+        args = ["--config", f"scale={scale}", "--forcerun", *forced, "--", "all"]
+        refuse_training(repo, args, training, scale, passes - 1)  # each pass: it re-plans what the last one left
+        rc = subprocess.run([sys.executable, "-m", "snakemake", f"-c{cores}", *args], cwd=repo).returncode
         if rc != 0:
             return rc
         stale = [t for t in others if not (repo / t).is_file() or (repo / t).stat().st_mtime < started]

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from gradfidelity.claims.power_table import read_power_csv
 from gradfidelity.claims.registry import load_registry
 from gradfidelity.claims.verdict import ARITHMETIC_BAD, ARITHMETIC_OK, MEASURED_VERDICTS
 from gradfidelity.claims.verify import load_evidence, verify
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_text
-from gradfidelity.reference.check import RECORD, record_digest
+from gradfidelity.harness.record_compare import RECORD, record_digest
 from gradfidelity.tables import markdown
 
 
@@ -195,8 +196,12 @@ def drift_note(df: pd.DataFrame, flags: dict[str, str], scale: str) -> str:
             f"{len(df) - len(flags)} not recomputed (column 'under hardware drift': empty).")
 
 
-def write_claims_report(evidence_paths, csv_path, md_path, scale: str, drift_verdicts=()) -> pd.DataFrame:
-    df = verify(load_registry(), load_evidence(evidence_paths, scale), scale)
+def write_claims_report(evidence_paths, csv_path, md_path, scale: str, drift_verdicts=(),
+                        power_csv=None) -> pd.DataFrame:
+    """claims.csv and claims.md. `power_csv`: the power table (paper_tables/<scale>/power.csv), whose N a claim
+    below it names in its reason or detail; None: no power reading."""
+    power = read_power_csv(power_csv) if power_csv else None
+    df = verify(load_registry(), load_evidence(evidence_paths, scale), scale, power=power)
     measured = read_drift_verdicts([Path(p) for p in drift_verdicts])
     unknown = sorted(set(measured["id"]) - set(df["id"]))
     if unknown:
@@ -215,7 +220,8 @@ def write_claims_report(evidence_paths, csv_path, md_path, scale: str, drift_ver
                                                                                    strict=True)],
         "interval": df.apply(interval_text, axis=1),
         "n / min_n": [f"{'' if pd.isna(n) else int(n)} / {m}" for n, m in zip(df["n"], df["min_n"], strict=True)],
-        "gates": df["gates"], "verdict": df["verdict"], "why this verdict": df["reason"], "detail": df["detail"],
+        "gates": df["gates"], "hosts": df["hosts"], "verdict": df["verdict"], "why this verdict": df["reason"],
+        "detail": df["detail"],
     })
     if flags:
         shown.insert(shown.columns.get_loc("why this verdict"), "under hardware drift", df["hardware_drift"])
@@ -226,11 +232,19 @@ def write_claims_report(evidence_paths, csv_path, md_path, scale: str, drift_ver
         "gates) and the checks in src/gradfidelity/claims/registry.yaml, fixed before any result was seen; none is "
         "written by hand. `gradfidelity claim ID` shows one claim with everything behind it.",
         "reproduced: the whole interval satisfies the check; not reproduced: the whole interval contradicts it; "
-        "inconclusive: the interval spans the threshold; not measured: outside the claim's scales, n < min_n, a "
-        "failed gate or no value (the reason is shown). A claim that does not reproduce is a result.",
+        "inconclusive: the interval spans the threshold (or an end of a band); not measured: outside the claim's "
+        "scales, n < min_n, a failed gate or no value (the reason is shown). A claim that does not reproduce is a "
+        "result.",
         "n = the independent units behind the estimate (paired seeds; rows of a deterministic probe for exact "
         "values). Intervals are two-sided t intervals over paired seeds at the registry's level.",
+        "hosts: the host types (CPU vendor/family/model/stepping, torch kernels, flags) of the runs a claim reads, as "
+        "its study recorded them (empty where it recorded none); a claim whose runs come from more than one says so "
+        "in its detail.",
     ]
+    if power is not None:
+        notes.append(f"'n = k of the N its power needs': N from the power table (paper_tables/{scale}/power.md), the "
+                     "n at which the verdict is decided with 80% probability at the measured effect; in the reason "
+                     "while the verdict is open, in the detail once decided.")
     notes.append(drift_note(df, flags, scale))
     if len(diverged):
         notes.append("Diverged runs left out of a pairing: " + ", ".join(

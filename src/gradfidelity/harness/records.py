@@ -27,6 +27,14 @@ from pathlib import Path
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json, atomic_write_text
 from gradfidelity.harness.provenance import IDENTITY_KEYS, describe_host, same_host_type
+from gradfidelity.harness.record_compare import (
+    NOT_COMPARABLE,
+    RECORD,
+    compare,
+    cross_host_rules,
+    read_drift,
+    read_runs_table,
+)
 from gradfidelity.harness.results import VERSIONS
 
 RECORDS = ("metrics.json", "provenance.json", "benchmark.tsv")
@@ -75,8 +83,6 @@ def restore(table_path: str | Path, repo: str | Path = ".", overwrite: bool = Fa
     """Write the records of every run of a committed runs table into its run directory (`run_id`, relative to
     `repo`). An existing record is kept unless `overwrite` (a run's own records are never replaced by restored
     ones by accident). Returns the metrics.json paths written."""
-    from gradfidelity.reference.check import read_runs_table
-
     table = read_runs_table(Path(table_path))
     if "metrics_json" not in table.columns or table["metrics_json"].isna().any():
         raise UserError(f"{table_path}: no metrics_json for every run: it was written before runs tables kept "
@@ -98,13 +104,13 @@ def check(committed: str | Path, fresh: str | Path, drift_repo: str | Path = "."
     """A rerun of a committed cell (written to another run directory) against its committed record.
 
     On the same host type the two records must be equal bit for bit, wall-clock values aside
-    (`reference.check.record_digest`). On another host type every scalar metric must be within its measured
-    cross-host rule (results/cpu/reference/drift_*.csv); a metric that is not comparable across hosts (study A's
+    (`harness.record_compare.record_digest`). On another host type an identical value (or an identical record) is
+    equal, whatever its rule; every other scalar metric must be within its measured cross-host rule
+    (results/cpu/reference/drift_*.csv); a metric that is not comparable across hosts and differs (study A's
     accuracies: its small models leave their trajectory at the first rounding difference) is a mismatch, since
     runs trained on this artifact would be another draw than the committed ones. Raises UserError naming both
     records and the way out; returns a one-line summary otherwise."""
     from gradfidelity.harness.results import runs_table
-    from gradfidelity.reference.check import RECORD, compare, cross_host_rules, read_drift
 
     a, b = runs_table([committed]), runs_table([fresh])
     a_row, b_row = a.iloc[0].to_dict(), b.iloc[0].to_dict()
@@ -112,8 +118,8 @@ def check(committed: str | Path, fresh: str | Path, drift_repo: str | Path = "."
     b = b.assign(run_id=a_row["run_id"])
     rules = {} if same else cross_host_rules(read_drift(Path(drift_repo)))
     table = compare(a, b, rules)
-    if not same:  # across host types a record's curves drift like its scalars: the scalars are judged by their rules
-        table = table[table["metric"] != RECORD]
+    if not same:  # a record that differs across host types drifts like its scalars: the scalars are judged instead
+        table = table[~((table["metric"] == RECORD) & (table["verdict"] == NOT_COMPARABLE))]
     bad = table[table["verdict"] != "ok"]
     if same:
         hosts = f"same host type ({describe_host(a_row)})"

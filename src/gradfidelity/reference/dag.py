@@ -19,10 +19,11 @@ class Job:
     outputs: list[str]
     inputs: list[str] = field(default_factory=list)
     checkpoint: bool = False  # a checkpoint: Snakemake re-plans its downstream once it has run
+    reason: str = ""  # why Snakemake plans it ("Params have changed since last execution", ...)
 
 
 def parse_dry_run(text: str) -> list[Job]:
-    """The jobs of a `snakemake -n` listing: rule, outputs and inputs of each."""
+    """The jobs of a `snakemake -n` listing: rule, outputs, inputs and the reason of each."""
     jobs, current = [], None
     for line in text.splitlines():
         # a checkpoint is listed as "(local)checkpoint NAME:"; missed, its outputs would be read as the previous job's
@@ -34,6 +35,8 @@ def parse_dry_run(text: str) -> list[Job]:
             current.inputs = [s.strip() for s in line[len("    input: "):].split(",")]
         elif current is not None and line.startswith("    output: "):
             current.outputs = [s.strip() for s in line[len("    output: "):].split(",")]
+        elif current is not None and line.startswith("    reason: "):
+            current.reason = line[len("    reason: "):].strip()
     return jobs
 
 
@@ -60,9 +63,14 @@ def is_training_output(path: str) -> bool:
     return path.endswith("/metrics.json")
 
 
-def snakemake(work: Path, args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+def snakemake(work: Path, args: list[str], timeout: float | None = None,
+              env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m snakemake ARGS` in `work`; `env` replaces the environment (jobs inherit it: an ISA limit set here
-    reaches every training process)."""
+    reaches every training process). `timeout` (seconds; None: none) is a caller's budget, never a fixed limit: run
+    past it, the call is a UserError naming it, not a traceback."""
     cmd = [sys.executable, "-m", "snakemake", *args]
-    return subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ) if env is None else env)
+    try:
+        return subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ) if env is None else env)
+    except subprocess.TimeoutExpired as exc:
+        raise UserError(f"snakemake {' '.join(args[:6])} ... ran past its {timeout:.0f} s budget in {work}") from exc

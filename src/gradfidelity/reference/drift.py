@@ -15,7 +15,6 @@ verdicts_<a>_vs_<b>.csv says per claim whether its verdict flips: the claims rep
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import tempfile
@@ -26,17 +25,9 @@ import pandas as pd
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv
 from gradfidelity.harness.provenance import ISA_LIMITS
-from gradfidelity.reference.check import (
-    BUDGET_S,
-    DRIFT_DIR,
-    STUDY_ORDER,
-    _scratch_copy,
-    committed_tables,
-    cross_host_rules,
-    given_config,
-    plan_sample,
-    rerun_sample,
-)
+from gradfidelity.harness.record_compare import DRIFT_DIR, cross_host_rules, missing
+from gradfidelity.reference.rerun import OK, Call, log_tail, rerun_rows, scratch_copy, snakemake_call
+from gradfidelity.reference.sample import SAMPLE_S, STUDY_ORDER, committed_tables, given_config, plan_sample
 
 LEVELS = {  # level name -> the environment that limits every kernel library to it ({}: the host's own level)
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2"},
@@ -82,20 +73,16 @@ def drift_table(a: pd.DataFrame, b: pd.DataFrame, cap_a: str, cap_b: str) -> pd.
         if rec["status"] != new["status"]:
             raise UserError(f"{run}: status {rec['status']} at {cap_a}, {new['status']} at {cap_b}")
         keys = sorted(k for k in set(rec) | set(new) if k.startswith("metric_")
-                      and not (_missing(rec.get(k)) and _missing(new.get(k))))
+                      and not (missing(rec.get(k)) and missing(new.get(k))))
         for key in keys:
             va, vb = rec.get(key), new.get(key)
-            if _missing(va) or _missing(vb):
+            if missing(va) or missing(vb):
                 raise UserError(f"{run}: {key} at one level only ({cap_a}: {va}, {cap_b}: {vb})")
             diff = float(vb) - float(va)
             rows.append({"study": rec["study"], "run": run, "metric": key[len("metric_"):],
                          "capability_a": cap_a, "value_a": va, "capability_b": cap_b, "value_b": vb,
                          "difference": diff, "rel_difference": abs(diff) / max(abs(float(va)), 1e-12)})
     return pd.DataFrame(rows, columns=DRIFT_COLUMNS)
-
-
-def _missing(v) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def rules_text(drift: pd.DataFrame) -> str:
@@ -108,15 +95,26 @@ def rules_text(drift: pd.DataFrame) -> str:
     return "\n".join(lines) or "  (no metric moved)"
 
 
-def measure_drift(repo: Path, workdir: Path | None = None, cores: int = 2, budget_s: float | None = None,
-                  extra_config: tuple[str, ...] = (), levels: tuple[str, str] = ("avx2", "native")) -> int:
+def rerun_sample(work: Path, sample: list[str], cores: int, extra_config: tuple[str, ...],
+                 env: dict | None = None) -> pd.DataFrame:
+    """Rerun every run of `sample` in `work` in one Snakemake call, no time limit; their runs table. A measurement
+    needs every run: a failed or stopped call is an error naming its log."""
+    call = snakemake_call(work, Call("measure-drift", list(sample)), cores, extra_config, env=env)
+    if call.status != OK or len(call.finished) < len(sample):
+        raise UserError(f"the rerun {call.status} ({len(call.finished)} of {len(sample)} runs finished); the scratch "
+                        f"copy is kept in {work}, its log in {call.log}:\n{log_tail(call)}")
+    return rerun_rows(work, list(sample))
+
+
+def measure_drift(repo: Path, workdir: Path | None = None, cores: int = 2, extra_config: tuple[str, ...] = (),
+                  levels: tuple[str, str] = ("avx2", "native")) -> int:
     """Rerun the fixed sample at two ISA levels, write results/cpu/reference/drift_<a>_vs_<b>.csv (and
     verdicts_<a>_vs_<b>.csv where the claims can be recomputed); 0 on success."""
     repo = Path(repo).resolve()
     tables = committed_tables(repo, STUDY_ORDER)
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="gf-measure-drift-"))
     extra_config = (*given_config(repo), *extra_config)
-    _measure(repo, work, tables, cores, BUDGET_S if budget_s is None else budget_s, extra_config, levels)
+    _measure(repo, work, tables, cores, SAMPLE_S, extra_config, levels)
     if workdir is None:  # kept when it failed (an exception skips this), for inspection
         shutil.rmtree(work, ignore_errors=True)
     return 0
@@ -131,7 +129,7 @@ def _measure(repo: Path, work: Path, tables: dict[str, pd.DataFrame], cores: int
     reruns, caps = {}, {}
     for level in levels:
         if level != levels[0]:
-            _scratch_copy(repo, work / level)
+            scratch_copy(repo, work / level)
         reruns[level] = rerun_sample(work / level, sample, cores, extra_config, env=level_env(level))
         caps[level] = capability_of(reruns[level], level)
         print(f"measure-drift: {level}: torch dispatched to {caps[level]} in every run", flush=True)

@@ -13,6 +13,7 @@ with the reason, and the check says so instead of printing a verdict.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -69,10 +70,12 @@ def committed_verdicts(repo: Path, studies: list[str], scale: str = SCALE) -> pd
 
 
 def recompute_study(repo: Path, work: Path, study: str, table: pd.DataFrame, sample: list[str], cores: int,
-                    extra_config: tuple[str, ...], scale: str = SCALE) -> pd.DataFrame:
+                    extra_config: tuple[str, ...], scale: str = SCALE,
+                    deadline: float | None = None) -> pd.DataFrame:
     """verify's rows of `study` from evidence recomputed in `work` (which holds the rerun's records of `sample`):
     every other run of the study's committed runs table rebuilt from its metrics_json, then only the jobs
-    between runs and evidence. Raises UserError naming what is missing."""
+    between runs and evidence. Raises UserError naming what is missing, or a Snakemake call that ran past
+    `deadline` (time.monotonic(); None: no limit)."""
     records_from_runs_table(table[~table["run_id"].isin(sample)], work)
     committed_bench = Path(repo) / "results" / scale / "bench"
     if committed_bench.is_dir():
@@ -80,20 +83,25 @@ def recompute_study(repo: Path, work: Path, study: str, table: pd.DataFrame, sam
     target = claims_target(study, scale)
     (work / target).unlink(missing_ok=True)
     config = ["--config", f"scale={scale}", *extra_config]
-    res = snakemake(work, [target, "-n", "--forceall", *config], timeout=600)
+    res = snakemake(work, [target, "-n", "--forceall", *config], timeout=_left(deadline))
     if res.returncode != 0:
         raise UserError(f"the dry run of {target} failed:\n{res.stderr[-2000:]}")
     rules = allowed_rules(parse_dry_run(res.stdout), target)
     # the target first: --allowed-rules takes every word after it
-    res = snakemake(work, [target, f"-c{cores}", *config, "--allowed-rules", *rules], timeout=1800)
+    res = snakemake(work, [target, f"-c{cores}", *config, "--allowed-rules", *rules], timeout=_left(deadline))
     if res.returncode != 0:
         raise UserError(f"recomputing {target} from the rebuilt run records failed:\n{res.stderr[-2000:]}")
     df = verify(load_registry(), load_evidence([work / target], scale), scale)
     return df[df["study"] == study].reset_index(drop=True)
 
 
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 1.0)
+
+
 def recompute_all(repo: Path, work: Path, tables: dict[str, pd.DataFrame], sample: list[str], cores: int,
-                  extra_config: tuple[str, ...]) -> tuple[pd.DataFrame | None, dict[str, str]]:
+                  extra_config: tuple[str, ...], deadline: float | None = None
+                  ) -> tuple[pd.DataFrame | None, dict[str, str]]:
     """(verdict changes of every sampled study that could be recomputed, {study: why not} for the others)."""
     frames, not_recomputed = [], {}
     for study, table in tables.items():
@@ -101,7 +109,7 @@ def recompute_all(repo: Path, work: Path, tables: dict[str, pd.DataFrame], sampl
             continue
         try:
             before = committed_verdicts(repo, [study])
-            after = recompute_study(repo, work, study, table, sample, cores, extra_config)
+            after = recompute_study(repo, work, study, table, sample, cores, extra_config, deadline=deadline)
             frames.append(verdict_changes(before, after))
         except UserError as exc:
             not_recomputed[study] = str(exc)

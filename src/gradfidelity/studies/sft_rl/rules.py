@@ -209,6 +209,10 @@ def study_runs(cfg: StudyConfig, root: str, checkpoints, planned: list[str]):
 # moved beyond any cross-host rule (drift_hosts_amd_vs_intel.csv): small models on sampled generations leave their
 # trajectory at the first rounding difference, so a rerun elsewhere is one more seed, judged as one.
 CHAOTIC_ACROSS_HOSTS = ("*",)
+# The metrics study A's claims read (claims.py): the score's eval sets (acc_counted averages acc_<set> over the counted
+# sets; reference_learned and rl_learns read acc_id) and A9's FLOPs, each with its range. check-reference judges a
+# rerun on another host type on these alone (reference/seeds.py); every other metric is a reading.
+CLAIM_METRICS = {"acc_id": (0, 100), "acc_long": (0, 100), "acc_ood": (0, 100), "flops": (0, float("inf"))}
 
 # Files other studies' rules read (workflow/rules/common.smk: cross_study_input): name -> f(typed config, results root).
 # Study A's audit reads the gradient Gram matrices of real SFT micro-batches (its claim A3's "about 2/N").
