@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from scipy import stats
 
 from gradfidelity.claims import evidence as ev
@@ -19,6 +20,7 @@ from gradfidelity.claims.verify import (
     NOT_MEASURED,
     NOT_REPRODUCED,
     REPRODUCED,
+    describe_check,
     interval_verdict,
     judge,
     load_evidence,
@@ -61,12 +63,64 @@ def test_registry_lists_every_claim_with_min_n_and_level():
     ({"kind": "between", "range": [50, 70]}, 71, 90, NOT_REPRODUCED),
     ({"kind": "between", "range": [50, 70]}, 10, 49, NOT_REPRODUCED),
     ({"kind": "between", "range": [50, 70]}, 40, 80, INCONCLUSIVE),  # covers the range and beyond
+    ({"kind": "outside", "range": [-0.005, 0.005]}, 0.030, 0.111, REPRODUCED),   # wholly above the band
+    ({"kind": "outside", "range": [-0.005, 0.005]}, -0.2, -0.006, REPRODUCED),   # wholly below
+    ({"kind": "outside", "range": [-0.005, 0.005]}, -0.004, 0.004, NOT_REPRODUCED),  # wholly inside
+    ({"kind": "outside", "range": [-0.005, 0.005]}, -0.005, 0.005, NOT_REPRODUCED),  # the band itself: inside
+    ({"kind": "outside", "range": [-0.005, 0.005]}, 0.001, 0.02, INCONCLUSIVE),  # straddles an end
+    ({"kind": "outside", "range": [-0.005, 0.005]}, 0.005, 0.02, INCONCLUSIVE),  # touches the band
+    ({"kind": "outside", "range": [-0.005, 0.005]}, -0.02, 0.02, INCONCLUSIVE),  # covers the band
     ({"kind": "equals", "value": 3}, 3, 3, REPRODUCED),
     ({"kind": "equals", "value": 3}, 2, 3.5, INCONCLUSIVE),
     ({"kind": "equals", "value": 0}, 2, 2, NOT_REPRODUCED),
 ])
 def test_interval_verdict(check, low, high, expected):
     assert interval_verdict(check, low, high) == expected
+
+
+def test_a_margin_claim_is_decided_on_its_interval_against_the_margin_both_ways():
+    """C4's shape (issue 57): "fails the 1% margin" reads reproduced when the gap's 90% interval lies wholly above
+    the margin, not reproduced when wholly below it (non-inferior), inconclusive across it; made-up gaps each way."""
+    row = dict(ROW, level=0.90, check={"kind": "gt", "threshold": 1.0})
+    rng = np.random.default_rng(4)
+    worse = ev.mean_ci(1.8 + 0.3 * rng.standard_normal(40), 0.90)
+    fine = ev.mean_ci(0.2 + 0.3 * rng.standard_normal(40), 0.90)
+    between = ev.mean_ci([0.2, 1.9, -0.4, 1.1, 0.8, 2.3, -0.6, 0.9, 1.4, 0.1], 0.90)
+    assert worse["low"] > 1.0 and judge(row, worse, True, "cpu")[0] == REPRODUCED
+    assert fine["high"] < 1.0 and judge(row, fine, True, "cpu")[0] == NOT_REPRODUCED
+    assert between["low"] < 1.0 < between["high"] and judge(row, between, True, "cpu")[0] == INCONCLUSIVE
+    lt = dict(row, check={"kind": "lt", "threshold": 1.0})  # the mirror
+    assert judge(lt, fine, True, "cpu")[0] == REPRODUCED and judge(lt, worse, True, "cpu")[0] == NOT_REPRODUCED
+
+
+def test_a_band_claim_is_decided_on_its_interval_against_the_band_both_ways():
+    """C9's shape (issue 57): "not equivalent within +-0.005" reads reproduced when the interval lies wholly
+    outside the band, not reproduced when wholly inside it, else inconclusive; made-up differences each way."""
+    row = dict(ROW, check={"kind": "outside", "range": [-0.005, 0.005]})
+    apart = ev.mean_ci([0.09, 0.06, 0.08, 0.05, 0.07], 0.95)
+    close = ev.mean_ci([0.001, -0.002, 0.0005, 0.0015, -0.001, 0.0, 0.002, -0.0005], 0.95)
+    edge = ev.mean_ci([0.001, 0.012, 0.004, 0.009, 0.006], 0.95)
+    assert apart["low"] > 0.005 and judge(row, apart, True, "cpu")[0] == REPRODUCED
+    assert -0.005 < close["low"] and close["high"] < 0.005 and judge(row, close, True, "cpu")[0] == NOT_REPRODUCED
+    assert edge["low"] < 0.005 < edge["high"] and judge(row, edge, True, "cpu")[0] == INCONCLUSIVE
+    inside = dict(row, check={"kind": "between", "range": [-0.005, 0.005]})  # the mirror: equivalence
+    assert judge(inside, close, True, "cpu")[0] == REPRODUCED and judge(inside, apart, True, "cpu")[0] == (
+        NOT_REPRODUCED)
+
+
+def test_the_registry_reads_an_outside_check_with_an_ordered_range(tmp_path):
+    def registry(check):
+        path = tmp_path / "r.yaml"
+        row = {k: v for k, v in ROW.items() if k not in ("level", "evidence")}
+        path.write_text(yaml.safe_dump({"interval_level": 0.95, "claims": [dict(row, check=check)]}))
+        return load_registry(path)
+
+    assert describe_check(registry({"kind": "outside", "range": [-0.005, 0.005]})[0]["check"]) == (
+        "outside [-0.005, 0.005]")
+    with pytest.raises(UserError, match="needs 'range'"):
+        registry({"kind": "outside", "threshold": 0.005})
+    with pytest.raises(UserError, match="not ordered"):
+        registry({"kind": "outside", "range": [0.005, -0.005]})
 
 
 def test_a_point_on_the_right_side_with_an_interval_across_the_threshold_is_inconclusive():
@@ -326,3 +380,45 @@ def test_verify_shows_the_n_of_the_parts_that_decided_a_claim_not_reproduced():
     record["parts"]["vs_a"] = rec(2.0, 1.0, 3.0, n=4)
     out = verify([row], {"s": {"values": {"X1": record}, "path": "e.json"}}, "cpu").iloc[0]
     assert out["verdict"] == NOT_MEASURED and out["n"] == 0
+
+
+HOST_AMD = "AuthenticAMD 25/17/1, torch AVX512, flags avx2 avx512f avx512_bf16"
+HOST_INTEL = "GenuineIntel 6/167/1, torch AVX512, flags avx2 avx512f"
+
+
+def test_the_claims_table_lists_host_types_and_a_detail_names_two(tmp_path):
+    """Issue 57: every claim lists the host types of its runs (empty where its study recorded none), and one whose
+    runs come from two host types says so in its detail; a parts claim's hosts are its parts' too."""
+    registry = [dict(ROW, id="X1"), dict(ROW, id="X2"), dict(ROW, id="X3"), dict(PARTS_ROW, id="X4")]
+    one = rec(2.0, 1.5, 2.5, hosts=[HOST_INTEL], detail="gap of the means")
+    two = rec(2.0, 1.5, 2.5, hosts=[HOST_INTEL, HOST_AMD])
+    parted = ev.with_parts({"vs_a": rec(2.0, 1.0, 3.0, hosts=[HOST_AMD]), "vs_b": rec(2.0, 1.0, 3.0),
+                            "vs_c": rec(2.0, 1.0, 3.0, hosts=[HOST_INTEL])})
+    path = _evidence_file(tmp_path, {"X1": one, "X2": two, "X3": rec(2.0, 1.5, 2.5), "X4": parted})
+    df = verify(registry, load_evidence([path], "cpu"), "cpu").set_index("id")
+    assert df.loc["X1", "hosts"] == HOST_INTEL and df.loc["X1", "detail"] == "gap of the means"
+    assert df.loc["X2", "hosts"] == f"{HOST_AMD} | {HOST_INTEL}"
+    assert df.loc["X2", "detail"] == f"its runs come from 2 host types ({HOST_AMD} | {HOST_INTEL})"
+    assert df.loc["X3", "hosts"] == "" and df.loc["X3", "detail"] == ""
+    assert df.loc["X4", "hosts"] == f"{HOST_AMD} | {HOST_INTEL}" and "2 host types" in df.loc["X4", "detail"]
+    assert (df["verdict"] == REPRODUCED).all()  # a host note changes no verdict
+
+
+def test_the_claims_report_files_carry_the_hosts_column(tmp_path):
+    ds = _evidence_file(tmp_path, {"A2": dict(ev.exact(0.0, n=4), hosts=[HOST_AMD])}, study="ds_audit")
+    write_claims_report([ds], tmp_path / "c.csv", tmp_path / "c.md", "cpu")
+    csv = pd.read_csv(tmp_path / "c.csv", keep_default_na=False).set_index("id")
+    assert csv.loc["A2", "hosts"] == HOST_AMD and csv.loc["A1", "hosts"] == ""
+    md = (tmp_path / "c.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| id "))
+    assert "hosts" in [c.strip() for c in header.split("|")]
+    assert HOST_AMD in md
+
+
+def test_the_committed_evidence_still_loads_and_verifies():
+    """The old verdict machinery keeps reading the committed evidence (results/cpu/claims/*.json), with or without
+    power and host records in it."""
+    paths = sorted((Path(__file__).parents[1] / "results" / "cpu" / "claims").glob("*.json"))
+    assert paths
+    df = verify(load_registry(), load_evidence(paths, "cpu"), "cpu")
+    assert len(df) == len(load_registry()) and "hosts" in df.columns

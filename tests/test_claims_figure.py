@@ -49,6 +49,11 @@ def test_the_unit_keeps_estimates_within_one_and_exact_values_as_points():
     ({"kind": "between", "range": [50, 70]}, 55, 65), ({"kind": "between", "range": [50, 70]}, 45, 65),
     ({"kind": "between", "range": [50, 70]}, 71, 90), ({"kind": "between", "range": [50, 70]}, 10, 49),
     ({"kind": "between", "range": [85, 90]}, 52, 116),
+    ({"kind": "outside", "range": [-0.005, 0.005]}, 0.03, 0.11), ({"kind": "outside", "range": [-0.005, 0.005]},
+                                                                  -0.11, -0.03),
+    ({"kind": "outside", "range": [-0.005, 0.005]}, -0.004, 0.003),
+    ({"kind": "outside", "range": [-0.005, 0.005]}, -0.002, 0.02),
+    ({"kind": "outside", "range": [-0.005, 0.005]}, -0.02, 0.02),
 ])
 def test_the_side_of_zero_matches_the_verdict(check, low, high):
     _, nlow, nhigh = normalise(check, (low + high) / 2, low, high)

@@ -18,7 +18,8 @@ from gradfidelity.studies import STUDIES
 def _verify(args) -> int:
     from gradfidelity.claims.report import write_claims_report
 
-    write_claims_report(args.evidence, args.csv, args.md, args.scale, drift_verdicts=args.drift_verdicts)
+    write_claims_report(args.evidence, args.csv, args.md, args.scale, drift_verdicts=args.drift_verdicts,
+                        power_csv=args.power)
     return 0
 
 
@@ -46,9 +47,9 @@ def _check_reference(args) -> int:
         from gradfidelity.reference.drift import measure_drift
 
         return measure_drift(Path(args.repo), workdir=Path(args.workdir) if args.workdir else None,
-                             cores=args.cores, budget_s=args.budget_s, extra_config=tuple(args.config))
+                             cores=args.cores, extra_config=tuple(args.config))
     return check_reference(Path(args.repo), workdir=Path(args.workdir) if args.workdir else None, cores=args.cores,
-                           budget_s=args.budget_s, extra_config=tuple(args.config), cross_host=args.cross_host,
+                           budget_s=args.budget, extra_config=tuple(args.config), cross_host=args.cross_host,
                            out=Path(args.out) if args.out else None)
 
 
@@ -121,6 +122,12 @@ def _docs(args) -> int:
     return write_or_check(Path(args.readme), args.check)
 
 
+def _power(args) -> int:
+    from gradfidelity.claims.power_table import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradfidelity", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
@@ -132,7 +139,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", required=True)
     p.add_argument("--drift-verdicts", nargs="*", default=[],
                    help="results/<scale>/reference/verdicts_*.csv: verdicts recomputed under measured hardware drift")
+    p.add_argument("--power", default=None,
+                   help="paper_tables/<scale>/power.csv: a claim below the n its power needs says so")
     p.set_defaults(func=_verify)
+
+    p = sub.add_parser("power", help="the power table: per claim, its deciding statistic, its per-seed sd, the n at "
+                                     "which its verdict is decided with 80%% probability and what that costs")
+    p.add_argument("--scale", required=True)
+    p.add_argument("--evidence", nargs="*", default=None,
+                   help="results/<scale>/claims/<study>.json files (default: every study's at --scale)")
+    p.add_argument("--csv", default=None, help="default: paper_tables/<scale>/power.csv")
+    p.add_argument("--md", default=None, help="default: paper_tables/<scale>/power.md")
+    p.add_argument("--cap", type=int, default=None, help="the largest n reported (beyond it: '> cap')")
+    p.set_defaults(func=_power)
 
     p = sub.add_parser("runs-table", help="one row per run (seed, status, metrics, git sha, versions, CPU, threads)")
     p.add_argument("--runs", nargs="+", required=True, help="the study's metrics.json files")
@@ -144,16 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--snakemake", default="snakemake", help="the snakemake executable")
     p.set_defaults(func=_unlock_stale)
 
-    p = sub.add_parser("check-reference", help="rerun a fixed stratified sample of the committed cpu runs, "
-                       "compare every training metric with the committed runs tables and recompute the sampled "
-                       "studies' verdicts (exit 0: all within their rules; 1: a metric outside its rule; 3: only "
-                       "verdicts flipped)")
+    what = ("rerun a fixed stratified sample of the committed cpu runs, compare every training metric with the "
+            "committed runs tables and recompute the sampled studies' verdicts (exit 0: all within their rules; 1: a "
+            "metric outside its rule; 2: a bad input; 3: only verdicts flipped; 4: incomplete (a rerun job failed, "
+            "the budget ran out or Ctrl-C): the runs that finished are compared and none is outside its rule)")
+    p = sub.add_parser("check-reference", help=what, description=what)
     p.add_argument("--repo", default=".", help="the checkout whose committed results/cpu/runs/*.csv are checked")
     p.add_argument("--workdir", default=None,
                    help="where the scratch copy runs (default: a temporary folder, removed afterwards)")
     p.add_argument("--cores", type=int, default=2)
-    p.add_argument("--budget-s", type=float, default=None,
-                   help="the sample's committed wall time (default: gradfidelity.reference.BUDGET_S)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="the wall time this check may take on this host: the sample is sized to it after a speed "
+                   "probe, and the check stops there, compares what finished and exits 4 if it did not finish "
+                   "(default: the fixed sample, run to its end, with its expected time printed first)")
     p.add_argument("--config", nargs="*", default=[], help="extra snakemake --config items (key=value)")
     p.add_argument("--cross-host", action="store_true",
                    help="apply the cross-host rules even to a rerun on the committed runs' host type")

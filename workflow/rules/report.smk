@@ -78,6 +78,7 @@ rule report_summary:
 rule verify:
     input:
         evidence=CLAIM_EVIDENCE,
+        power=POWER_TABLE,
         drift_verdicts=DRIFT_VERDICTS,
         drift_sources=DRIFT_SOURCES,
     output:
@@ -94,5 +95,5 @@ rule verify:
     resources:
         **rule_resources("verify"),
     shell:
-        "{params.gf} verify --evidence {input.evidence} --drift-verdicts {input.drift_verdicts} --csv {output.csv}"
-        " --md {output.md} --scale {params.scale} > {log} 2>&1"
+        "{params.gf} verify --evidence {input.evidence} --power {input.power} --drift-verdicts {input.drift_verdicts}"
+        " --csv {output.csv} --md {output.md} --scale {params.scale} > {log} 2>&1"

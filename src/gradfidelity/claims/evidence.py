@@ -33,6 +33,7 @@ import numpy as np
 
 from gradfidelity.claims.registry import _levels, interval_level, level_for  # noqa: F401  (their old import path)
 from gradfidelity.stats.intervals import t_interval
+from gradfidelity.stats.power import SIDES as POWER_SIDES
 
 _NUM = {"type": ["number", "null"]}
 GATE_SCHEMA = {
@@ -61,7 +62,7 @@ POWER_SCHEMA = {
         "statistic": {"type": "string"},
         "per_seed": {"type": "array", "items": {"type": "number"}},
         "threshold": {"type": ["number", "array"], "items": {"type": "number"}},
-        "side": {"enum": ["gt", "lt", "outside", "inside"]},
+        "side": {"enum": list(POWER_SIDES)},
         "level": {"type": "number"},
         "wall_s_per_seed": {"type": ["number", "null"]},
         "paper_effect": {"type": ["number", "null"]},
@@ -154,6 +155,31 @@ def paired_ratio(a: Sequence[float], b: Sequence[float], level: float, **kwargs)
         if rec[key] is not None:
             rec[key] = math.exp(rec[key])
     return rec
+
+
+def power_record(statistic: str, per_seed: Sequence[float], threshold, side: str, level: float, *,
+                 wall_s_per_seed: float | None = None, paper_effect: float | None = None, unit: str = "",
+                 note: str = "") -> dict:
+    """A record's `power` (POWER_SCHEMA): the per-seed values whose mean's t interval at `level` decides the claim,
+    the threshold (a number for side "gt"/"lt", [lo, hi] for "outside"/"inside") it must clear, and what one more
+    seed costs in wall seconds on 2 cores. The power table (claims/power_table.py) plans the claim's n from it."""
+    x = _finite(per_seed, "power_record")
+    if side not in POWER_SIDES:
+        raise ValueError(f"power_record: side {side!r} is not one of {POWER_SIDES}")
+    band = side in ("outside", "inside")
+    if band != isinstance(threshold, (list, tuple)) or (band and len(threshold) != 2):
+        raise ValueError(f"power_record: side {side!r} needs {'[lo, hi]' if band else 'one number'}, got "
+                         f"{threshold!r}")
+    rec = {"statistic": statistic, "per_seed": [float(v) for v in x],
+           "threshold": [float(v) for v in threshold] if band else float(threshold), "side": side,
+           "level": float(level), "wall_s_per_seed": None if wall_s_per_seed is None else float(wall_s_per_seed),
+           "paper_effect": None if paper_effect is None else float(paper_effect)}
+    return {**rec, **({"unit": unit} if unit else {}), **({"note": note} if note else {})}
+
+
+def power_not_applicable(statistic: str, reason: str) -> dict:
+    """A record's `power` where no n would change the verdict (an exact probe, a recomputation): its reason."""
+    return {"statistic": statistic, "not_applicable": reason}
 
 
 def with_parts(parts: dict[str, dict], *, detail: str = "", gates=None, sources=None) -> dict:

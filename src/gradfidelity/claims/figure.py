@@ -36,7 +36,7 @@ VERDICT_COLOURS = {
     REPRODUCED: "#2ca02c", NOT_REPRODUCED: "#d62728", INCONCLUSIVE: "#ff7f0e", NOT_MEASURED: "#8c8c8c",
     ARITHMETIC_OK: "#1f77b4", ARITHMETIC_BAD: "#9467bd",
 }
-NUMERIC_KINDS = ("gt", "ge", "lt", "le", "between", "equals")
+NUMERIC_KINDS = ("gt", "ge", "lt", "le", "between", "outside", "equals")
 CLIP = 3.0  # normalised values beyond +-CLIP are drawn at the edge with an arrow head
 
 
@@ -65,6 +65,9 @@ def margin(check: dict, x: float) -> float:
     if kind == "between":
         a, b = check["range"]
         return (b - a) / 2 - abs(x - (a + b) / 2)
+    if kind == "outside":  # the claim's side is outside the band
+        a, b = check["range"]
+        return abs(x - (a + b) / 2) - (b - a) / 2
     if kind == "equals":
         return x - check["value"]
     raise ValueError(f"check kind {kind!r} has no number to plot")
@@ -72,7 +75,7 @@ def margin(check: dict, x: float) -> float:
 
 def _reference(check: dict) -> float:
     kind = check["kind"]
-    if kind == "between":
+    if kind in ("between", "outside"):
         a, b = check["range"]
         return (b - a) / 2 or abs(a + b) / 2
     return abs(check["value"] if kind == "equals" else check["threshold"])
@@ -92,6 +95,11 @@ def normalise(check: dict, estimate: float, low: float | None = None,
         inside = low <= (a + b) / 2 <= high  # the margin peaks at the centre
         m = [margin(check, low), margin(check, high)]
         ends = (min(m), (b - a) / 2 if inside else max(m))
+    elif check["kind"] == "outside":
+        a, b = check["range"]
+        inside = low <= (a + b) / 2 <= high  # the margin is lowest at the centre
+        m = [margin(check, low), margin(check, high)]
+        ends = (-(b - a) / 2 if inside else min(m), max(m))
     else:
         ends = tuple(sorted((margin(check, low), margin(check, high))))
     half = (ends[1] - ends[0]) / 2 if ends else 0.0

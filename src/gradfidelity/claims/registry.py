@@ -1,4 +1,5 @@
-"""The claims registry (registry.yaml and registry/<study>.yaml): every paper claim as one row, its check, scales, min_n and interval level.
+"""The claims registry (registry.yaml and registry/<study>.yaml): every paper claim as one row, its check, scales,
+min_n and interval level.
 
 Loaded and checked here, apart from `verify` (which judges evidence) and `evidence` (which builds it): both read the
 registry, neither imports the other for it.
@@ -16,7 +17,9 @@ import yaml
 from gradfidelity.errors import UserError
 
 SCALES = ("smoke", "cpu", "paper")
-KINDS = ("gt", "ge", "lt", "le", "between", "equals", "true")
+# between: the value lies in the closed band `range`; outside: it lies outside it (a claim of non-equivalence, C9)
+KINDS = ("gt", "ge", "lt", "le", "between", "outside", "equals", "true")
+BAND_KINDS = ("between", "outside")
 
 _PART = {
     "type": "object", "required": ["kind"], "additionalProperties": False,
@@ -76,10 +79,10 @@ def _packaged_document() -> dict:
 
 def _check_needs(where: str, check: dict) -> None:
     kind = check["kind"]
-    need = {"between": "range", "equals": "value", "true": None}.get(kind, "threshold")
+    need = {"between": "range", "outside": "range", "equals": "value", "true": None}.get(kind, "threshold")
     if need and need not in check:
         raise UserError(f"claims registry: {where} check '{kind}' needs '{need}'")
-    if kind == "between" and not check["range"][0] <= check["range"][1]:
+    if kind in BAND_KINDS and not check["range"][0] <= check["range"][1]:
         raise UserError(f"claims registry: {where} range {check['range']} is not ordered")
     for name, part in (check.get("parts") or {}).items():
         if kind != "true":
@@ -120,6 +123,8 @@ def describe_check(check: dict) -> str:
         return f"== {check['value']:g}"
     if kind == "between":
         return f"in [{check['range'][0]:g}, {check['range'][1]:g}]"
+    if kind == "outside":
+        return f"outside [{check['range'][0]:g}, {check['range'][1]:g}]"
     return {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}[kind] + f" {check['threshold']:g}"
 
 

@@ -3,6 +3,8 @@
 - reproduced: the whole interval satisfies the check;
 - not reproduced: the whole interval contradicts it;
 - inconclusive: the interval spans the threshold (the evidence cannot tell);
+  against a band (kinds between and outside) the interval must lie wholly inside or wholly outside the band to
+  decide; one that straddles an end is inconclusive;
 - not measured at this scale: the scale is outside the claim's `scales`, the study produced no record, the value
   is null, n < min_n, or a gate failed; the reason is always shown.
 A check of kind "true" with parts is the AND of its parts, each judged like a claim of its own (its record's own
@@ -44,8 +46,8 @@ from gradfidelity.harness.io import read_json
 
 # The registry's and the verdicts' names stay importable from here (their public path before they had modules).
 __all__ = ["ARITHMETIC_BAD", "ARITHMETIC_OK", "INCONCLUSIVE", "KINDS", "NOT_MEASURED", "NOT_REPRODUCED", "REPRODUCED",
-           "SCALES", "VERDICTS", "Verdict", "describe_check", "interval_verdict", "judge", "load_evidence",
-           "load_registry", "load_registry_document", "verify"]
+           "SCALES", "VERDICTS", "Verdict", "describe_check", "host_types", "interval_verdict", "judge",
+           "load_evidence", "load_registry", "load_registry_document", "verify"]
 
 
 def _holds(kind: str, check: dict, x: float) -> bool:
@@ -67,6 +69,11 @@ def interval_verdict(check: dict, low: float, high: float) -> str:
         if a <= low and high <= b:
             return REPRODUCED
         return NOT_REPRODUCED if high < a or low > b else INCONCLUSIVE
+    if kind == "outside":  # the mirror of between: a claim of non-equivalence (C9: not within +-0.005)
+        a, b = check["range"]
+        if high < a or low > b:
+            return REPRODUCED
+        return NOT_REPRODUCED if a <= low and high <= b else INCONCLUSIVE
     if kind == "equals":
         v = check["value"]
         if low == high == v:
@@ -234,7 +241,66 @@ def parts_text(rec: dict) -> str:
     return "; ".join(f"{', '.join(names)} {value}" for value, names in groups.items())
 
 
-def verify(registry: list[dict], evidence: dict[str, dict], scale: str) -> pd.DataFrame:
+def host_types(rec: dict) -> list[str]:
+    """The host types (provenance.describe_host) of the runs a record reads: its own `hosts` and its parts', once
+    each, sorted; empty where the study wrote none."""
+    hosts = set(rec.get("hosts") or [])
+    for part in (rec.get("parts") or {}).values():
+        hosts |= set(part.get("hosts") or [])
+    return sorted(hosts)
+
+
+def _is_open(verdict: str, reason: str) -> bool:
+    """A verdict more seeds could decide: inconclusive, or not measured for n < min_n."""
+    return verdict == INCONCLUSIVE or (verdict == NOT_MEASURED and "< min_n" in reason)
+
+
+def _power_shortfalls(claim: dict, rec: dict, scale: str, power: dict[str, dict]) -> list[tuple[str, bool]]:
+    """(text, open) for every power record of the claim (or of its parts) whose n is below the N its power table row
+    needs: "n = k of the N its power needs", open when the verdict it plans is still open (it then belongs in the
+    reason, else in the detail). A power table row that no longer matches its record (another n or mean) is stale:
+    an error, not a plan for other data."""
+    part_checks = claim["check"].get("parts") or {}
+    parts = {f"{claim['id']}.{name}": (name, part, part_checks.get(name))
+             for name, part in (rec.get("parts") or {}).items() if "power" in part}
+    # where the parts carry their own power records they speak for the claim (its own record repeats the deciding
+    # part's), so the shortfall is named once, by part
+    records = parts or {claim["id"]: ("", rec, claim["check"])}
+    out = []
+    for key, (name, part_rec, check) in records.items():
+        plan = part_rec.get("power") or {}
+        if "per_seed" not in plan or "not_applicable" in plan:
+            continue
+        row = power.get(key)
+        per_seed = plan["per_seed"]
+        if row is None:
+            raise UserError(f"claim {key}: the evidence has a power record the power table has no row for: rebuild "
+                            f"paper_tables/{scale}/power.csv")
+        if row["n"] != len(per_seed) or not math.isclose(row["mean"], sum(per_seed) / len(per_seed),
+                                                           rel_tol=1e-9, abs_tol=1e-12):
+            raise UserError(f"claim {key}: the power table's row (n = {row['n']}, mean {row['mean']:.6g}) is not its "
+                            f"evidence's (n = {len(per_seed)}): rebuild paper_tables/{scale}/power.csv")
+        if row["n_needed"] is not None and row["n"] >= row["n_needed"]:
+            continue
+        needed = row["n_needed_text"].replace("> ", "more than ")
+        text = f"n = {row['n']} of the {needed} its power needs"
+        if name and check is not None:
+            part_open = _is_open(*judge(dict(claim, id=key, check=check, evidence="measured"), part_rec, True, scale))
+        else:
+            part_open = True
+        out.append(((f"part {name}: " if name else "") + text, part_open))
+    return out
+
+
+def _join(text: str, more: list[str]) -> str:
+    return "; ".join([t for t in [text, *more] if t])
+
+
+def verify(registry: list[dict], evidence: dict[str, dict], scale: str,
+           power: dict[str, dict] | None = None) -> pd.DataFrame:
+    """Every registry row's verdict, reason and numbers. `power`: the power table's planned rows
+    (power_table.read_power_csv), whose N a claim below it names ("n = k of the N its power needs"): in its reason
+    while its verdict is open (inconclusive, n < min_n), else in its detail; None: no power reading at all."""
     rows = []
     for claim in registry:
         study = evidence.get(claim["study"])
@@ -248,6 +314,16 @@ def verify(registry: list[dict], evidence: dict[str, dict], scale: str) -> pd.Da
             # record's n is the least over every part, an unmeasured one's included)
             n = min(rec["parts"][name]["n"] for name, (v, _) in _part_verdicts(claim, rec, scale).items()
                     if v != NOT_MEASURED)
+        detail = rec.get("detail", "")
+        hosts = host_types(rec)
+        if len(hosts) > 1:
+            detail = _join(detail, [f"its runs come from {len(hosts)} host types ({' | '.join(hosts)})"])
+        stale = (study or {}).get("evidence_version", 1) < claim.get("evidence_version", 1)
+        if power is not None and rec and not stale:  # the power table plans no stale record either
+            short = _power_shortfalls(claim, rec, scale, power)
+            claim_open = _is_open(verdict, reason)
+            reason = _join(reason, [t for t, part_open in short if claim_open and part_open])
+            detail = _join(detail, [t for t, part_open in short if not (claim_open and part_open)])
         rows.append({
             "id": claim["id"], "study": claim["study"], "paper": claim["paper"], "statement": claim["statement"],
             "paper_value": claim["paper_value"], "metric": claim["metric"], "check": describe_check(claim["check"]),
@@ -256,8 +332,8 @@ def verify(registry: list[dict], evidence: dict[str, dict], scale: str) -> pd.Da
             "level": None if rec.get("exact") else claim["level"],
             "exact": bool(rec.get("exact")), "n": n, "min_n": claim["min_n"],
             "diverged": rec.get("diverged", 0),
-            "gates": _gates_text(rec),
-            "verdict": verdict, "reason": reason, "detail": rec.get("detail", ""),
+            "gates": _gates_text(rec), "hosts": " | ".join(hosts),
+            "verdict": verdict, "reason": reason, "detail": detail,
             "sources": " ".join(rec.get("sources") or []), "evidence_file": (study or {}).get("path", ""),
             "scale": scale,
         })
