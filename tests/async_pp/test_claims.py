@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from gradfidelity.claims.evidence import RECORD_SCHEMA, level_for
-from gradfidelity.claims.verify import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, judge, load_evidence, load_registry
+from gradfidelity.claims.verify import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, judge, load_evidence
 from gradfidelity.errors import UserError
 from gradfidelity.studies.async_pp.aggregate import aggregate
 from gradfidelity.studies.async_pp.claims import (
@@ -33,86 +33,33 @@ from gradfidelity.studies.async_pp.claims import (
     near_tie_arms,
     write_claims,
 )
-from gradfidelity.studies.async_pp.config import DEFAULTS, OPTIMIZERS, StudyConfig
+from gradfidelity.studies.async_pp.config import DEFAULTS, StudyConfig
 from gradfidelity.studies.async_pp.pairing import Gaps, Spec, fractions, transient
 from gradfidelity.studies.async_pp.plan import cells
 from gradfidelity.studies.async_pp.rules import job_section
 from gradfidelity.studies.async_pp.tables import length_table, main_table, mitigations_table, write_tables
-from tests.async_pp._cfg import SMOKE, study, validated
+from tests.async_pp._cfg import study, validated
+from tests.async_pp._world import (
+    _SECTION,
+    AMD,
+    CFG,
+    FALSE,
+    HOLDS,
+    INTEL,
+    ROOT,
+    ROWS,
+    SLOPE,
+    T,
+    _loss,
+    _noise,
+    _runs,
+    _selection,
+    sync_loss,
+    world_f,
+)
 
 SMOKE_CFG = study()
-# Three seeds and a length sweep of three doublings inside a ladder that reaches below it (B7 needs a reference
-# length below the longest whose gate passes).
-_SECTION = copy.deepcopy(SMOKE)
-_SECTION["sweeps"]["length"] = {"optimizers": ["muon"], "steps": [15, 30, 60]}
-_SECTION["sweeps"]["ladder"] = {"steps": [5, 15, 30, 60, 120]}
-# AdamW 0.9's 2bw listed as a near-tie (its second LR x1 on the evaluation seeds): _selection() makes it one
-_SECTION["sweeps"]["near_tie"] = [{"optimizer": "adamw", "momentum": 0.9, "schedule": "2bw", "depth": 1,
-                                   "multiplier": 1}]
-CFG = study(_SECTION, seeds=3)
-T = CFG.train.steps
-SLOPE = 0.2
-ROWS = {r["id"]: r for r in load_registry() if r["study"] == "async_pp"}
 MEASURED = [cid for cid in CLAIM_IDS if cid != "B8"]
-ROOT = "results/async_pp"
-
-
-def _noise(opt: str, seed: int) -> float:
-    """A seed- and optimizer-dependent factor (0.98, 1.0, 1.02) on the lost compute, the same at every budget."""
-    return 1.0 + 0.02 * (((seed + OPTIMIZERS.index(opt)) % 3) - 1)
-
-
-def sync_loss(steps: float, seed: int) -> float:
-    return 3.0 + 0.01 * seed - SLOPE * math.log2(steps)
-
-
-HOLDS = {  # a world where every claim B1..B9 holds; f = the share of compute the async run keeps
-    "f": {"adamw": 0.3, "muon": 0.97, "soap": 0.8, "adan": 0.6, "lion": 0.5, "mars": 0.5},
-    "momentum": lambda mom, default: (1 - mom) / (1 - default),  # on the lost compute: higher momentum, less lost
-    "length": lambda opt, steps: 0.0,  # f does not move with the budget
-    "pipedream": lambda lost, P: lost + 0.02 * P,  # lost compute grows with depth, above 2bw's at P > 2
-    "ef": lambda opt, s: {"muon": 0.6 + 0.01 * (s - 1), "adamw": 0.875 + 0.002 * (s - 1)}.get(opt, 0.5),
-    "mit": {"taylor": 0.9, "sync_start": 0.95, "sync_cooldown": 0.5},
-}
-FALSE = {  # a world where every one of them is false
-    "f": {"adamw": 0.9, "muon": 0.5, "soap": 0.3, "adan": 0.3, "lion": 0.3, "mars": 0.5},
-    "momentum": lambda mom, default: mom / default,
-    # Muon keeps f up to 30 steps and loses 0.2 more from 60 on: the gate passes at 15 (f(15) = f(30)) and at the
-    # main budget (f(60) = f(120)), and B7 sees f fall by 0.2 from 15 to 60.
-    "length": lambda opt, steps: -0.2 if opt == "muon" and steps >= 60 else 0.0,
-    "pipedream": lambda lost, P: lost + 0.1 / P,
-    "ef": lambda opt, s: 0.2 + 0.01 * (s - 1),
-    "mit": {"taylor": 1.2, "sync_start": 1.1, "sync_cooldown": 1.15},
-}
-
-
-def world_f(world: dict, c) -> float:
-    """The f the world gives an async cell. A seed-dependent jitter of 0.0002 (s - 1) per doubling away from T keeps
-    f(2T) - f(T) from being a constant series (whose interval collapses to a point) and averages to 0."""
-    default = DEFAULTS[c.optimizer]["momentum"]
-    lost = (1 - world["f"][c.optimizer]) * _noise(c.optimizer, c.seed) * world["momentum"](c.momentum, default)
-    lost -= world["length"](c.optimizer, c.steps)
-    if c.schedule.startswith("pipedream"):
-        lost = world["pipedream"](lost, c.depth)
-    if c.mitigation == "error_feedback":
-        lost *= 1 - world["ef"](c.optimizer, c.seed)
-    elif c.mitigation != "none":
-        lost *= world["mit"][c.mitigation] * (1 + 0.02 * (c.seed - 1))
-    return 1 - lost + 0.0002 * (c.seed - 1) * math.log2(c.steps / T)
-
-
-def _loss(world: dict, c) -> float:
-    if c.schedule == "sync":
-        return sync_loss(c.steps, c.seed)
-    return sync_loss(world_f(world, c) * c.steps, c.seed)
-
-
-def _runs(world: dict, cfg: StudyConfig = CFG, loss=None) -> pd.DataFrame:
-    loss = loss or (lambda c: _loss(world, c))
-    return pd.DataFrame([{"optimizer": c.optimizer, "lr": c.lr, "head": c.head, "schedule": c.schedule,
-                          "mitigation": c.mitigation, "depth": c.depth, "momentum": c.momentum, "steps": c.steps,
-                          "seed": c.seed, "status": "ok", "final_val_loss": loss(c), "run_dir": c.dir(ROOT)}
-                         for c in cells(cfg)])
 
 
 def _diverge(runs: pd.DataFrame, mask) -> pd.DataFrame:
@@ -507,6 +454,9 @@ def _write_runs(root: Path, cfg: StudyConfig, scale: str, diverged=lambda c: Fal
         cell = {"study": "async_pp", **c.wildcards()}  # what the harness writes: the rule's wildcards
         (d / "metrics.json").write_text(json.dumps({**rec, "study": "async_pp", "scale": scale, "seed": c.seed,
                                                     "cell": cell}))
+        # the provenance beside it (what the harness writes): the mitigations ran on another host type
+        machine = INTEL if c.mitigation != "none" else AMD
+        (d / "provenance.json").write_text(json.dumps({"seed": c.seed, "status": rec["status"], "machine": machine}))
         paths.append(str(d / "metrics.json"))
     return paths
 
@@ -526,6 +476,11 @@ def test_aggregate_reads_the_files_it_is_given_through_the_harness_loader(tmp_pa
     assert (lion.diverged_at_step == 7).all()
     assert (runs[runs.status == "ok"].epochs == 0.25).all()
     assert runs.run_dir.str.startswith(str(root)).all()
+    # each run's wall time and the CPU identity of its host (issue 57), read from its provenance
+    assert (runs.wall_s == 1.0).all()
+    mit = runs.mitigation != "none"
+    assert set(runs[mit].cpu_vendor) == {"GenuineIntel"} and set(runs[~mit].cpu_vendor) == {"AuthenticAMD"}
+    assert set(runs[~mit].cpu_family) == {25} and set(runs.cpu_capability) == {"AVX512"}
     curves = pd.read_csv(curves_csv)
     assert len(curves) == 2 * (runs.status == "ok").sum()
     g = Gaps(runs, cfg)
@@ -540,6 +495,10 @@ def test_aggregate_reads_the_files_it_is_given_through_the_harness_loader(tmp_pa
     monkeypatch.delenv("GRADFIDELITY_SCALE")
     with pytest.raises(UserError, match="no scale"):
         aggregate(paths, str(runs_csv), str(curves_csv))
+    # a run without its provenance is refused, naming the file (no row with an unknown host)
+    (Path(paths[0]).parent / "provenance.json").unlink()
+    with pytest.raises(UserError, match="provenance.json is missing"):
+        aggregate(paths, str(runs_csv), str(curves_csv), "smoke")
 
 
 def test_aggregate_reads_the_cell_from_the_records_not_the_path(tmp_path):
@@ -547,6 +506,7 @@ def test_aggregate_reads_the_cell_from_the_records_not_the_path(tmp_path):
     moved = tmp_path / "elsewhere" / "metrics.json"  # a run directory named nothing like its cell
     moved.parent.mkdir()
     moved.write_text(Path(paths[0]).read_text())
+    (moved.parent / "provenance.json").write_text((Path(paths[0]).parent / "provenance.json").read_text())
     runs_csv, curves_csv = tmp_path / "r.csv", tmp_path / "c.csv"
     aggregate([str(moved)], str(runs_csv), str(curves_csv), "smoke")
     row = pd.read_csv(runs_csv).iloc[0]
@@ -587,17 +547,6 @@ def test_cli_aggregate_and_report_with_scale(tmp_path, monkeypatch):
                  str(out)]) == 2  # runs.csv of another scale
 
 
-def _selection(adamw_near_tie: bool = True) -> pd.DataFrame:
-    """An LR-selection table: AdamW 0.9's 2bw a near-tie (best x1, as smoke's sweeps.near_tie lists), Muon's 2bw a
-    near-tie whose best is sync's choice (read at lr~tuned), Adan's sync arm a near-tie (no second ladder)."""
-    row = lambda o, m, s, chosen, best, near: {  # noqa: E731
-        "optimizer": o, "momentum": m, "schedule": s, "depth": 1, "chosen_multiplier": chosen,
-        "best_multiplier": best, "near_tie": near}
-    return pd.DataFrame([row("adamw", 0.9, "sync", 1.0, 1.0, False), row("adamw", 0.9, "2bw", 0.5, 1.0, adamw_near_tie),
-                         row("muon", 0.95, "sync", 1.0, 1.0, False), row("muon", 0.95, "2bw", 0.5, 1.0, True),
-                         row("adan", 0.98, "sync", 0.5, 1.0, True)])
-
-
 def test_near_tie_arms_read_their_own_cells_or_the_tuned_ones_and_a_listed_non_tie_is_refused():
     arms, untrained = near_tie_arms(CFG, _selection())
     assert arms == {("adamw", 0.9, "2bw", 1): "x1", ("muon", 0.95, "2bw", 1): "tuned"}
@@ -622,15 +571,21 @@ def test_a_claim_is_reported_at_both_lrs_of_a_near_tie_and_its_verdict_may_diffe
     table = pd.DataFrame(near).set_index("claim")
     assert table.loc["B1-abs", "verdict_own_lr"] == REPRODUCED
     assert table.loc["B1-abs", "verdict_near_tie_lr"] == NOT_REPRODUCED and not table.loc["B1-abs", "same"]
-    # B1-abs's record reads Muon's f too (the pair it is computed on): both near-tie arms are named
-    assert table.loc["B1-abs", "near_tie_arms"] == "adamw 0.9 2bw at lr~x1; muon 0.95 2bw at lr~tuned"
+    # B1-abs reads AdamW's f only (issue 57: a record's sources are the runs its number rests on); Muon's other LR
+    # is sync's choice, read at lr~tuned, its multiplier named
+    assert table.loc["B1-abs", "near_tie_arms"] == "adamw 0.9 2bw at lr~x1"
+    assert table.loc["B1", "near_tie_arms"] == "adamw 0.9 2bw at lr~x1; muon 0.95 2bw at lr~tuned (x1)"
+    # the evaluation seeds prefer the other LR (f 0.9 against 0.3): the chosen LR is the one they reject
+    assert table.loc["B1-abs", "lr_status"] == "the evaluation seeds reject the chosen LR (adamw 0.9 2bw at lr~x1)"
     assert table.loc["B5-adamw", "verdict_near_tie_lr"] == NOT_MEASURED
     assert "not trained at the near-tie LR" in table.loc["B5-adamw", "why_near_tie_lr"]
     assert table.loc["B2", "same"] and "muon 0.95 2bw at lr~tuned" in table.loc["B2", "near_tie_arms"]
     assert untrained == ["adan 0.98 sync (best x1)"]
     rec = doc["values"]["B1-abs"]
     assert judge(ROWS["B1-abs"], rec, True, "cpu")[0] == REPRODUCED  # the chosen LR's verdict stands
-    assert "near-tie reading (adamw 0.9 2bw at lr~x1; muon 0.95 2bw at lr~tuned): " + NOT_REPRODUCED in rec["detail"]
+    assert re.search(r"near-tie reading \(adamw 0\.9 2bw at lr~x1: other minus chosen LR, final loss on the "
+                     r"evaluation seeds -[0-9.]+ \[.*\] at 60, -[0-9.]+ \[.*\] at 120 nats: chosen LR rejected\): "
+                     + NOT_REPRODUCED, rec["detail"]), rec["detail"]
     # without a selection table nothing is read at another LR, and the evidence is the same but for the detail
     plain, _, none, _ = _evidence(Gaps(runs, CFG), "cpu", ["runs.csv"])
     assert none == [] and plain["values"]["B3"]["estimate"] == doc["values"]["B3"]["estimate"]

@@ -67,11 +67,13 @@ def test_the_runs_table_carries_records_identity_and_rates():
 
 
 @pytest.mark.parametrize("cid", ["C4", "C9"])
-def test_c4_and_c9_are_read_under_the_control_rule(cid):
+def test_c4_and_c9_are_decided_on_their_interval_with_the_old_rule_beside(cid):
+    """Round 6 (issue 57): the control rule is retired; each is decided on its interval against its margin or
+    band, and the retired rule's reading and the paper's test on 5-seed blocks stay in the detail."""
     rec = json.loads((REPO / "results/cpu/claims/local.json").read_text())["values"][cid]
-    gate = [g for g in rec.get("gates") or [] if g["name"] == "null_control"]
-    assert gate, "the null_control gate is missing"
+    assert not [g for g in rec.get("gates") or [] if g["name"] == "null_control"]
+    assert "old rule: " in rec["detail"]
+    assert rec["low"] is not None and rec["high"] is not None and not rec.get("exact")
     if cid == "C4":
         assert rec["n"] == CPU["quality_seeds"]
-        assert "(paper 0.841%)" in rec["detail"] and f"power at n {rec['n']}" in rec["detail"]
-        assert "disjoint blocks of 5 seeds fail" in rec["detail"]
+        assert "disjoint blocks of 5 seeds (seed order) fail it" in rec["detail"]

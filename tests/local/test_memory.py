@@ -35,6 +35,7 @@ def _probe(root: Path, seed: int, pss: dict[str, float], base: dict[str, float],
            "metrics": {"width": 256, "n_layer": 24, "steps": 2, "batch_size": 8, "block_size": 128, "n_stages": 2,
                        "n_params": 19_000_000, "state_gib": 16 * 19e6 / 2**30}, "timing": timing}
     (d / "metrics.json").write_text(json.dumps(rec))
+    (d / "provenance.json").write_text(json.dumps({"seed": seed, "status": "ok", "machine": {}}))
     return str(d / "metrics.json")
 
 

@@ -24,12 +24,14 @@ from gradfidelity.claims.verify import (
 )
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_json
+from gradfidelity.harness.provenance import describe_host
 from gradfidelity.harness.results import load_run_records
 from gradfidelity.studies.sft_rl import aggregate as agg
 from gradfidelity.studies.sft_rl import claims as claims_mod
 from gradfidelity.studies.sft_rl.baseline import CONSTANT, GATE, constant_baseline
 from gradfidelity.studies.sft_rl.figures import write_figures
 from gradfidelity.studies.sft_rl.tables import macro_intervals, write_tables
+from tests.sft_rl._hosts import INTEL, write_provenance
 from tests.sft_rl._runs import (
     BASE_ACC,
     HOLDS,
@@ -50,8 +52,8 @@ ROWS = {row["id"]: row for row in load_registry() if row["study"] == "sft_rl"}
 FALSE = {
     "A5": {("ds_bug", "sft"): 70.0},                                  # the optimizer bug raises SFT
     "A6": {("ds_bug", "sft"): 58.0, ("agg_bug", "sft"): 50.0},        # aggregation bug hurts more
-    "A6-helps": {("agg_bug", "sft"): 75.0},                           # aggregation bug helps by more than
-                                                                      # the optimizer bug hurts (signed: passes)
+    "A6-helps": {("ds_bug", "sft"): 66.0, ("agg_bug", "sft"): 55.0},  # the optimizer bug helps, the aggregation
+                                                                      # bug hurts: all the damage is the latter's
     "A7": {("fixed", "hpt"): 80.0},                                   # one mixed method beats SFT-then-RL
     "A8": {("both", "sft_then_rl"): 75.0},                            # no mixed method ahead under both bugs
     "A8-mech": {("both", "sft_then_rl"): 80.0},                       # the lead grows under both bugs
@@ -73,7 +75,7 @@ def evidence(tmp_path, cfg, **kw) -> dict:
     df = agg.collect(cfg, load_run_records(paths, scale=SCALE))
     ev = claims_mod.claims(df, cfg, SCALE, tables_of(tmp_path), constant_baseline(cfg))
     assert ev["study"] == "sft_rl" and ev["scale"] == SCALE and set(ev["values"]) == set(ROWS)
-    assert ev["evidence_version"] == claims_mod.EVIDENCE_VERSION == 4
+    assert ev["evidence_version"] == claims_mod.EVIDENCE_VERSION == 5
     for cid, rec in ev["values"].items():
         jsonschema.validate(rec, RECORD_SCHEMA)
         want = [GATE] if cid in ("A5", "A6") else [GATE, claims_mod.RL_GATE, claims_mod.ARMS_GATE]
@@ -182,8 +184,8 @@ def test_constant_baseline_is_the_most_frequent_answer():
 def test_aggregate_writes_tables_that_show_diverged_runs(tmp_path):
     cfg = _cfg([0, 1, 2])
     root = tmp_path / "results" / "sft_rl"
-    paths = write_runs(root, cfg, diverged={("ds_bug", "sft", 1), ("fixed", "hpt", 0), ("fixed", "hpt", 1),
-                                            ("fixed", "hpt", 2)})
+    paths = write_provenance(write_runs(root, cfg, diverged={("ds_bug", "sft", 1), ("fixed", "hpt", 0),
+                                                             ("fixed", "hpt", 1), ("fixed", "hpt", 2)}))
     tables, ev_path = tmp_path / "paper_tables", tmp_path / "claims" / "sft_rl.json"
     agg.write_aggregate(cfg, paths, SCALE, tmp_path / "aggregate.csv")
     df = agg.read_aggregate(tmp_path / "aggregate.csv")
@@ -277,7 +279,7 @@ def test_aggregate_reads_stored_metadata_not_paths(tmp_path):
 
 def test_tidy_csv_round_trip(tmp_path):
     cfg = _cfg([0, 1, 2])
-    paths = write_runs(tmp_path / "results" / "sft_rl", cfg, diverged={("fixed", "hpt", 1)})
+    paths = write_provenance(write_runs(tmp_path / "results" / "sft_rl", cfg, diverged={("fixed", "hpt", 1)}))
     df = agg.write_aggregate(cfg, paths, SCALE, tmp_path / "aggregate.csv")
     back = agg.read_aggregate(tmp_path / "aggregate.csv")
     assert list(back.columns) == list(agg.COLUMNS) and len(back) == len(df)
@@ -288,6 +290,7 @@ def test_tidy_csv_round_trip(tmp_path):
     assert len(base) == 2 * 3 and set(base.run_variant) == {"shared"} and (base.flops == 0).all()
     assert (back.loc[(back.method == "hpt") & (back.seed == 1), "status"] == "diverged").all()
     assert set(back.loc[(back.variant == "both") & (back.method == "rl"), "run_variant"]) == {"fixed"}
+    assert set(back.host) == {describe_host(INTEL)}  # every run's host type, from its provenance.json
     with pytest.raises(UserError, match="does not exist"):
         agg.read_aggregate(tmp_path / "nope.csv")
 
@@ -356,13 +359,17 @@ def test_a8_holm_p_values_are_the_paired_t_tests(tmp_path):
     assert len(set(shown.values())) > 1  # the case tells the methods apart
 
 
-def test_a6_compares_the_mean_effects_and_shows_both_floors_and_the_old_reading(holds):
-    """d = fixed - ds_bug = 10, a = fixed - agg_bug = 3 (plus scatter): |E[a]| < E[d] as the weaker of E[d] - E[a] = 7
-    and E[d] + E[a] = 13 (issue 46); the rounds 2-4 statistic mean(|a| - |d|) = -7 is shown beside it."""
+def test_a6_decides_the_papers_proposition_and_shows_the_stricter_one_and_the_old_reading(holds):
+    """d = fixed - ds_bug = 10, a = fixed - agg_bug = 3 (plus scatter): the paper's E[d] - E[a] = 7 decides (issue
+    57); round 5's |E[a]| < E[d] (d - a = 7, d + a = 13) and the rounds 2-4 statistic mean(|a| - |d|) = -7 are shown
+    beside it; the split-half floor is gone, the deciding contrast's own SE and half-width are there."""
     rec = holds["A6"]
     assert rec["estimate"] == pytest.approx((60 - 50) - (60 - 57), abs=1.5)
-    assert "deciding comparison: d - a" in rec["detail"] and re.search(r"d \+ a 12\.\d+ \[", rec["detail"])
-    assert "noise floor on the zero-effect control" in rec["detail"]
+    assert "the paper's proposition, most of the damage comes from the optimizer bug: E[d] - E[a] > 0" in rec["detail"]
+    assert re.search(r"round 5's stricter proposition \|E\[a\]\| < E\[d\] .*a reading: holds; d - a \+6\.\d\d "
+                     r"\[.*d \+ a \+12\.\d\d \[", rec["detail"]), rec["detail"]
+    assert "noise floor on the zero-effect control" not in rec["detail"]
+    assert re.search(r"SE \d+\.\d\d, 95% half-width \d+\.\d\d", rec["detail"])
     assert re.search(r"the rounds 2-4 statistic \(mean per-seed \|a\| - \|d\|, check < 0\), a reading: -[67]\.\d\d",
                      rec["detail"]), rec["detail"]
 
@@ -512,7 +519,8 @@ def test_every_claim_shows_its_nll_reading_beside_the_accuracy_verdict(holds):
     difference / 100: (60 - 50) / 100 = +0.1 (plus the world's scatter)."""
     for cid in ("A5", "A6", "A7", "A8", "A8-mech", "A9"):
         assert "on nll_id, a reading (not a verdict; nats, sign turned" in holds[cid]["detail"], cid
-    got = float(re.search(r"on nll_id, a reading [^:]*: ([+-][\d.]+) \[", holds["A5"]["detail"]).group(1))
+    got = float(re.search(r"on nll_id, a reading [^:]*: fixed/sft - ds_bug/sft ([+-][\d.]+) \[",
+                          holds["A5"]["detail"]).group(1))
     assert got == pytest.approx((holds["A5"]["estimate"]) / 100, abs=0.002)
     assert "accuracy " in holds["A9"]["detail"].split("on nll_id")[1] and "flops" not in \
         holds["A9"]["detail"].split("on nll_id")[1]  # the exact FLOPs part is the same on both scores
@@ -548,7 +556,8 @@ def test_each_budget_reads_its_step_and_the_claims_read_the_largest(tmp_path):
 
     ev = claims_mod.claims(df, cfg, SCALE, tables_of(tmp_path), constant_baseline(cfg))["values"]
     assert verdict(ev, "A7")[0] == REPRODUCED  # decided at 10 steps, where SFT-then-RL leads
-    assert "at 160 rollouts (5 RL steps), a reading (not a verdict): vs_luffy -" in ev["A7"]["detail"]
+    assert ("at 160 rollouts (5 RL steps), a reading (not a verdict): vs_luffy fixed/sft_then_rl - fixed/luffy -"
+            in ev["A7"]["detail"])
     assert "doubling the mixed arms' FLOPs makes the FLOPs part easier to pass" in ev["A9"]["detail"]
     assert "rollouts (5 RL steps)" not in ev["A5"]["detail"]  # SFT only: one number at every budget
 

@@ -18,6 +18,7 @@ ASYNC_PP_SELECTION = f"{ASYNC_PP_ROOT}/{_ap_plan.SELECTION}"
 ASYNC_PP_DATA = _ap_rules.data_files(ASYNC_PP, ASYNC_PP_ROOT)  # {} unless data.corpus is file
 ASYNC_PP_TABLES = _ap_plan.table_paths(TABLES)
 ASYNC_PP_FIGURES = _ap_plan.figure_paths(FIGURES)
+ASYNC_PP_DRIFT = sorted(str(p) for p in Path(RESULTS, "reference").glob("drift_*.csv"))
 
 STUDY_RUNS["async_pp"] = ASYNC_PP_RUNS
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/async_pp.json")
@@ -223,6 +224,8 @@ rule async_pp_claims:
         lr_selection=f"{TABLES}/async_pp_lr_selection.csv",
         length=f"{TABLES}/async_pp_length.csv",
         momentum=f"{TABLES}/async_pp_momentum.csv",
+        # the drift measured between host types (check-reference --measure-drift), beside a contrast of two
+        drift=ASYNC_PP_DRIFT,
     output:
         claims=f"{RESULTS}/claims/async_pp.json",
         budget=f"{TABLES}/async_pp_budget_rule.csv",
@@ -233,6 +236,7 @@ rule async_pp_claims:
         cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "claims"),
         gf=GF,
         scale=SCALE,
+        drift=_ap_rules.claim_sources(ASYNC_PP_DRIFT),
     log:
         f"{RESULTS}/async_pp/logs/claims.log",
     conda:
@@ -245,7 +249,7 @@ rule async_pp_claims:
         "--claims {output.claims} --budget-table {output.budget} --near-tie-table {output.near_tie} "
         "--lr-selection-table {input.lr_selection} "
         "--claim-source {input.main} --claim-source {input.mitigations} --claim-source {input.lr_selection} "
-        "--claim-source {input.length} --claim-source {input.momentum} "
+        "--claim-source {input.length} --claim-source {input.momentum} {params.drift} "
         "> {log} 2>&1"
 
 

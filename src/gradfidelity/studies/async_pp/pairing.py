@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from gradfidelity.errors import UserError
-from gradfidelity.studies.async_pp.config import StudyConfig
+from gradfidelity.studies.async_pp.config import OPTIMIZERS, StudyConfig
 from gradfidelity.studies.async_pp.plan import OWN, TUNED, default_momentum, main_head
 
 
@@ -69,6 +69,7 @@ class Paired:
     loss: dict[str, np.ndarray]
     dropped: dict[int, list[str]] = field(default_factory=dict)  # seed -> the runs that diverged / are missing
     sources: list[str] = field(default_factory=list)
+    sources_of: dict[str, list[str]] = field(default_factory=dict)  # cell name -> its run directories
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.loss[name]
@@ -89,6 +90,12 @@ class Paired:
     def per_seed(self, values) -> str:
         return ", ".join(f"s{s} {v:.4g}" for s, v in zip(self.seeds, values, strict=True))
 
+    def sources_for(self, *names: str) -> list[str]:
+        """The run directories of the named cells and of their sync ladders (`<name>@sync<n>`), in read order: the
+        runs one comparison reads, not every run of the look-up it came from."""
+        keep = [k for k in self.sources_of if k in names or k.split("@sync")[0] in names]
+        return list(dict.fromkeys(d for k in keep for d in self.sources_of[k]))
+
 
 class Gaps:
     """Paired-by-seed loss look-ups on runs.csv (one row per run: the cell keys, seed, status, final_val_loss)."""
@@ -99,6 +106,8 @@ class Gaps:
     GATE_MODES = ("transient", "sync_falls", "none")
 
     def __init__(self, runs: pd.DataFrame, cfg: StudyConfig):
+        from gradfidelity.harness.provenance import IDENTITY_KEYS, describe_host
+
         self.runs, self.cfg = runs, cfg.need("seeds", "model", "train", "sweeps")
         self.gate_mode = "transient"
         self.lr_for: dict[tuple, str] = {}  # near-tie view (`at(lr_for=...)`): arm -> the lr label its cells read
@@ -106,6 +115,10 @@ class Gaps:
         self.seeds = list(range(cfg.seeds))
         self.head = main_head(cfg)
         self._index: dict[tuple, tuple[float, str, str]] = {}
+        self.host_of: dict[str, str] = {}  # run directory -> its host type (provenance.describe_host)
+        self.identity_of: dict[str, dict] = {}  # host type -> the CPU identity columns behind it
+        self.wall_of: dict[str, float] = {}  # run directory -> its wall time in seconds (nan where not recorded)
+        self.cell_of: dict[str, dict] = {}  # run directory -> its cell, as runs.csv gives it (never its path)
         cols = set(runs.columns)
         for row in runs.to_dict("records"):
             lr = row.get("lr", TUNED)
@@ -119,6 +132,17 @@ class Gaps:
             status = row["status"] if math.isfinite(loss) else "diverged"
             run_dir = row["run_dir"] if "run_dir" in cols and isinstance(row["run_dir"], str) else ""
             self._index[key] = (loss, status, run_dir)
+            if run_dir:
+                # the host type (a runs.csv without the CPU identity reads "unknown ISA") and what the run cost
+                self.cell_of[run_dir] = {"optimizer": row["optimizer"], "lr": lr, "schedule": row["schedule"],
+                                         "mitigation": row["mitigation"], "depth": int(row["depth"]),
+                                         "momentum": float(row["momentum"]), "steps": int(row["steps"]),
+                                         "head": row.get("head", self.head)}
+                identity = {k: row.get(k) for k in IDENTITY_KEYS}
+                self.host_of[run_dir] = describe_host(identity)
+                self.identity_of.setdefault(self.host_of[run_dir], identity)
+                wall = row.get("wall_s", math.nan)
+                self.wall_of[run_dir] = float(wall) if wall is not None else math.nan
 
     def at(self, steps: int | None = None, gate_mode: str | None = None, lr_for: dict | None = None) -> Gaps:
         """The same runs read at another main budget (every Spec without its own steps reads `steps`) and/or with
@@ -156,12 +180,14 @@ class Gaps:
 
     def paired(self, specs: dict[str, Spec]) -> Paired:
         seeds, loss, dropped, sources = [], {k: [] for k in specs}, {}, []
+        sources_of: dict[str, list[str]] = {k: [] for k in specs}
         for seed in self.seeds:
             got, bad = {}, []
             for name, spec in specs.items():
                 value, status, run_dir = self._cell(spec, seed)
                 if run_dir:
                     sources.append(run_dir)
+                    sources_of[name].append(run_dir)
                 if status != "ok" and f"{spec.label()} {status}" not in bad:
                     bad.append(f"{spec.label()} {status}")
                 got[name] = value
@@ -172,7 +198,7 @@ class Gaps:
             for name, value in got.items():
                 loss[name].append(value)
         return Paired(seeds, {k: np.asarray(v, dtype=float) for k, v in loss.items()}, dropped,
-                      list(dict.fromkeys(sources)))
+                      list(dict.fromkeys(sources)), sources_of)
 
 
 @dataclass
@@ -222,7 +248,22 @@ def fractions(g: Gaps, asyncs: dict[str, Spec], extra: dict[str, Spec] | None = 
                 outside.append(f"{name}: seed {seed}: {a.label()} ends {side} sync at {edge} steps, the ladder's "
                                "end (f is not extrapolated)")
         f[name] = np.asarray([frac.value for frac in fracs], dtype=float)
+        _drop_unread_rungs(p, name, ladder, f[name] * T)
     return Fractions(p, f, outside)
+
+
+def _drop_unread_rungs(p: Paired, name: str, ladder, s_star) -> None:
+    """Leave out of the sources the rungs above the one that brackets S* = f T from above on every seed: f reads the
+    ladder's running minimum up to that rung (compute_fraction.sync_envelope), never a longer rung, so a longer
+    rung is no run the number rests on (issue 57: at T the 1024-step rung ran on another host type than the rest)."""
+    s_star = np.asarray(s_star, dtype=float)
+    if not len(s_star) or not np.isfinite(s_star).all():
+        return  # f off the ladder (or no seed): the whole ladder was looked at
+    upper = next((n for n in ladder if n >= float(s_star.max()) * (1 - 1e-9)), ladder[-1])
+    for n in ladder:
+        if n > upper:
+            p.sources_of[f"{name}@sync{n}"] = []
+    p.sources = list(dict.fromkeys(d for dirs in p.sources_of.values() for d in dirs))
 
 
 def ef_recovery(sync, asyn, ef):
@@ -280,3 +321,118 @@ def sync_falls(g: Gaps, optimizer: str, momentum: float | None = None, head: str
     ok = fall.low is not None and fall.low > 0.0
     return gate("sync_falls", ok, f"{label}: the loss falls {fall.estimate:.4f} [{fall.low:.4f}, {fall.high:.4f}]"
                                   f"{'' if ok else ' (does not fall: saturated)'}")
+
+
+# ------------------------------------------------------------------------------------ host types and run costs
+# Issue 57: at T = 512 study B's base arms and ladder ran on one host type and its mitigations, PipeDream and near-tie
+# arms on another, so one contrast could read runs of two host types unseen. Every claim now lists the host types of
+# its runs, and a comparison across two says so with the drift measured between them (check-reference's
+# results/<scale>/reference/drift_*.csv) beside it.
+DRIFT_METRIC = "final_val_loss"  # the metric every f is read from
+
+
+def run_dirs(sources: list[str], g: Gaps) -> list[str]:
+    """The run directories among a record's sources (the tables and runs.csv left out)."""
+    return [s for s in sources if s in g.host_of]
+
+
+def hosts(g: Gaps, dirs: list[str]) -> list[str]:
+    """The host types (provenance.describe_host) of the runs, sorted."""
+    return sorted({g.host_of[d] for d in dirs if d in g.host_of})
+
+
+def arm_text(g: Gaps, run_dir: str) -> str:
+    """The arm a run belongs to (its cell in runs.csv), without its budget and seed: 'muon 2bw+taylor lr~own',
+    'adamw pipedream P4 lr~x4', 'muon sync mom 0.9 lr~tuned'."""
+    c = g.cell_of[run_dir]
+    opt, schedule, mit = c["optimizer"], c["schedule"], c["mitigation"]
+    text = f"{opt} {schedule}{'' if mit == 'none' else '+' + mit}"
+    if schedule.startswith("pipedream"):
+        text += f" P{c['depth']}"
+    if opt in OPTIMIZERS and c["momentum"] != default_momentum(opt):
+        text += f" mom {c['momentum']:g}"
+    return f"{text} lr~{c['lr']}"
+
+
+def _steps_text(steps: set[int]) -> str:
+    s = sorted(steps)
+    if not s:
+        return ""
+    return f" ({s[0]} steps)" if len(s) == 1 else f" ({', '.join(map(str, s))} steps)" if len(s) == 2 \
+        else f" ({s[0]}-{s[-1]} steps)"
+
+
+def runs_by_host(g: Gaps, dirs: list[str]) -> dict[str, str]:
+    """{host type: its arms with their budgets, e.g. 'adamw sync lr~tuned (32-512 steps), adamw 2bw lr~own (512)'}."""
+    arms: dict[str, dict[str, set[int]]] = {}
+    for d in dirs:
+        if d in g.host_of:
+            arms.setdefault(g.host_of[d], {}).setdefault(arm_text(g, d), set()).add(g.cell_of[d]["steps"])
+    return {host: ", ".join(arm + _steps_text(steps) for arm, steps in by_arm.items())
+            for host, by_arm in sorted(arms.items())}
+
+
+def wall_per_seed(g: Gaps, dirs: list[str]) -> float | None:
+    """What one more seed of every cell the runs belong to costs, in seconds of single-run wall time (each cell's
+    mean wall time over its committed seeds, summed over the cells); None where no run recorded its wall time."""
+    by_cell: dict[tuple, list[float]] = {}
+    for d in dirs:
+        wall = g.wall_of.get(d, math.nan)
+        if math.isfinite(wall):
+            by_cell.setdefault(tuple(sorted(g.cell_of[d].items())), []).append(wall)
+    return float(sum(np.mean(w) for w in by_cell.values())) if by_cell else None
+
+
+def _label_matches(label: str, identity: dict) -> bool:
+    """Whether a drift file's host label ('AVX512 (AMD)', 'AVX512 (Intel 6/167)', 'AVX2') names this host type:
+    the same torch capability, and where the label names a vendor (and family/model), the same ones."""
+    label = str(label).strip()
+    capability, _, rest = label.partition(" (")
+    if capability != str(identity.get("cpu_capability")):
+        return False
+    if not rest:
+        return True
+    words = rest.rstrip(")").split()
+    vendor = str(identity.get("cpu_vendor", ""))
+    if not words or words[0] not in vendor:
+        return False
+    fam = lambda v: str(int(float(v))) if str(v).replace(".", "", 1).isdigit() else str(v)  # noqa: E731
+    return len(words) < 2 or words[1] == f"{fam(identity.get('cpu_family'))}/{fam(identity.get('cpu_model_number'))}"
+
+
+def drift_between(drift: pd.DataFrame | None, a: dict, b: dict, study: str = "async_pp") -> dict | None:
+    """The measured drift of the final validation loss between two host types (CPU identities a, b): the runs of
+    `study` that a drift measurement reran on the one and the other (its `capability_a`/`capability_b` labels name
+    them). {runs, max_abs (nats), max_rel, files}; None when no measurement names this pair."""
+    if drift is None or drift.empty or not {"capability_a", "capability_b"} <= set(drift.columns):
+        return None
+    rows = drift[(drift["study"] == study) & (drift["metric"] == DRIFT_METRIC)]
+    # a label without a vendor ('AVX2' against 'AVX512') measured one host at two ISA levels: it speaks for two host
+    # types only where they differ in nothing else
+    same_cpu = all(str(a.get(k)) == str(b.get(k)) for k in ("cpu_vendor", "cpu_family", "cpu_model_number"))
+
+    def names_pair(r) -> bool:
+        if not same_cpu and not all(" (" in str(r[c]) for c in ("capability_a", "capability_b")):
+            return False
+        return (_label_matches(r["capability_a"], a) and _label_matches(r["capability_b"], b)) \
+            or (_label_matches(r["capability_a"], b) and _label_matches(r["capability_b"], a))
+
+    rows = rows[[names_pair(r) for r in rows.to_dict("records")]]
+    if rows.empty:
+        return None
+    diff = pd.to_numeric(rows["difference"], errors="coerce").abs()
+    rel = pd.to_numeric(rows["rel_difference"], errors="coerce").abs()
+    return {"runs": int(rows["run"].nunique()), "max_abs": float(diff.max()), "max_rel": float(rel.max()),
+            "files": sorted(set(rows.get("source", pd.Series(["?"] * len(rows))).astype(str)))}
+
+
+def read_drift(paths: list[str]) -> pd.DataFrame | None:
+    """The drift measurements given (check-reference's drift_*.csv), in one table with each row's file name."""
+    frames = []
+    for path in paths:
+        df = pd.read_csv(path)
+        missing = {"study", "run", "metric", "difference", "rel_difference"} - set(df.columns)
+        if missing:
+            raise UserError(f"{path}: not a drift measurement (no column(s) {sorted(missing)})")
+        frames.append(df.assign(source=path.rsplit("/", 1)[-1]))
+    return pd.concat(frames, ignore_index=True) if frames else None

@@ -138,6 +138,11 @@ def lr_arg(wildcards, input) -> str:
     return f"--lr-selection {shlex.quote(str(input.selection))}" if wildcards.lr in (plan.TUNED, plan.OWN) else ""
 
 
+def claim_sources(paths: list[str]) -> str:
+    """`--claim-source <path>` for each path (the claims job reads and cites them)."""
+    return " ".join(f"--claim-source {shlex.quote(p)}" for p in paths)
+
+
 def near_tie_arg(cfg: StudyConfig) -> str:
     """The selection's `--near-tie-sd` (lr_selection.near_tie_sd as one shell-quoted JSON object)."""
     return shlex.quote(json.dumps(dict(cfg.lr_selection.near_tie_sd), sort_keys=True))

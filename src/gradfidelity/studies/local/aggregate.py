@@ -8,6 +8,11 @@ refused).
 Pairing is by seed: the same seed gives BP and every method the same initial weights and the same batch order.
 `align` returns, for several arms (corpus, width, method), the per-seed values of one column on the seeds where
 every arm finished ok, and names the seeds it left out (a diverged run, a missing run).
+
+Each row also carries where its run ran, from the run's provenance.json (the harness writes it beside metrics.json;
+a run without it is refused, `harness.results.read_provenance`): the CPU identity columns of the runs table
+(`harness.provenance.IDENTITY_KEYS`, so a claim can name the host types of its runs: `hosts_of`), the machine's
+core count and the run's wall time (what one more seed costs: `seed_wall_s`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from gradfidelity.errors import UserError
-from gradfidelity.harness.results import cell_of, load_run_records
+from gradfidelity.harness.provenance import IDENTITY_KEYS, UNKNOWN_ISA, describe_host
+from gradfidelity.harness.results import cell_of, load_run_records, read_provenance
 
 LABEL = {"bp": "BP", "bp_tm": "BP (thread-matched)", "live_local": "Live Local (serial)",
          "broadcast_serial": "Broadcast (serial)", "rgc_serial": "RGC (serial)",
@@ -33,7 +39,17 @@ _TIMING = ("tokens_per_s", "train_s", "peak_pss_gib", "idle_pss_gib", "compute_t
 # are left empty here (its metrics.json keeps them) and no table or claim can pair them with a timed run.
 _RATES = ("tokens_per_s", "train_s", "model_tflops_per_s")
 _DIVERGED = ("diverged_at_step", "diverged_what")
-COLUMNS = (*_KEYS, *_METRICS, *_TIMING, "shares_machine", "stage_busy_s", *_DIVERGED)
+# Where the run ran (its provenance's machine) and its wall time: kept for every run, a job that shared the machine
+# included (its wall time is what its seed cost, even where its rate is not read).
+_MACHINE = (*IDENTITY_KEYS, "cpu_count", "wall_s")
+COLUMNS = (*_KEYS, *_METRICS, *_TIMING, "shares_machine", "stage_busy_s", *_DIVERGED, *_MACHINE)
+
+
+def _machine(rec: dict) -> dict:
+    """The run's CPU identity and core count (provenance.json) and its wall time (metrics.json's timing)."""
+    machine = read_provenance(rec).get("machine") or {}
+    return {**{k: machine.get(k, UNKNOWN_ISA) for k in IDENTITY_KEYS}, "cpu_count": machine.get("cpu_count"),
+            "wall_s": (rec.get("timing") or {}).get("wall_s")}
 
 
 def _cell(rec: dict) -> dict:
@@ -61,7 +77,7 @@ def aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame:
             row["stage_busy_s"] = json.dumps(t["stage_busy_s"]) if "stage_busy_s" in t else ""
         else:
             row.update({k: m.get(k) for k in _DIVERGED})
-        rows.append(row)
+        rows.append({**row, **_machine(rec)})
     df = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     return df.sort_values(["corpus", "width", "method", "seed"]).reset_index(drop=True)
 
@@ -130,13 +146,48 @@ def paired(cell: pd.DataFrame, method: str, base: str, col: str) -> Aligned:
     return align(cell, [(corpus, width, method), (corpus, width, base)], col)
 
 
+def hosts_of(df: pd.DataFrame, run_dirs) -> list[str]:
+    """The host types (`describe_host`, one line each, sorted) of the runs of `df` among `run_dirs`."""
+    rows = df[df.run_dir.astype(str).isin({str(r) for r in run_dirs})]
+    return sorted({describe_host(row) for row in rows.to_dict("records")})
+
+
+def seed_wall_s(df: pd.DataFrame, arms: list[tuple[str, int, str]], seeds: list[int]) -> tuple[float | None, str]:
+    """Wall seconds that one more seed of `arms` costs, from the committed runs on `seeds`, and how it was read.
+
+    Per seed: the sum over the arms of each run's wall time (a job runs its methods back to back), each divided by
+    the number of such jobs the machine runs at once: its cores / the run's threads for a run that shared the
+    machine (a quality job: one thread, two at a time on 2 cores), else 1 (the job owns the machine). The median
+    over `seeds` that have a run of every arm; None without one."""
+    per_seed = []
+    for seed in seeds:
+        total = 0.0
+        for corpus, width, method in arms:
+            r = df[(df.corpus == corpus) & (df.width == width) & (df.method == method) & (df.seed == seed)]
+            if len(r) != 1 or pd.isna(r.wall_s.iloc[0]):
+                break
+            row = r.iloc[0]
+            at_once = 1
+            if bool(row.shares_machine) and pd.notna(row.cpu_count) and pd.notna(row.compute_threads):
+                at_once = max(1, int(row.cpu_count) // max(1, int(row.compute_threads)))
+            total += float(row.wall_s) / at_once
+        else:
+            per_seed.append(total)
+    if not per_seed:
+        return None, "no seed has a timed run of every arm"
+    value = float(np.median(per_seed))
+    arms_text = ", ".join(LABEL.get(m, m) for _, _, m in arms)
+    return value, (f"{value:.0f} s of wall a seed ({arms_text}; median over {len(per_seed)} seed(s) of the runs' "
+                   "wall times, a job that shared the machine counted at its share)")
+
+
 def source_of(cell: pd.DataFrame) -> str:
     s = cell.corpus_source.dropna()
     return str(s.iloc[0]) if len(s) else "?"
 
 
 MEMORY_COLUMNS = ("path", "run_dir", "status", "seed", "scale", "width", "n_layer", "method", "pss_gib",
-                  "baseline_gib", "model_gib", "state_gib", "n_params")
+                  "baseline_gib", "model_gib", "state_gib", "n_params", *_MACHINE)
 
 
 def memory_aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame:
@@ -158,7 +209,8 @@ def memory_aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame
             rows.append({"path": rec["path"], "run_dir": rec["run_dir"], "status": rec["status"],
                          "seed": int(rec["seed"]), "scale": rec.get("scale"), "width": int(m["width"]),
                          "n_layer": int(m["n_layer"]), "method": method, "pss_gib": pss, "baseline_gib": base,
-                         "model_gib": pss - base, "state_gib": m["state_gib"], "n_params": m["n_params"]})
+                         "model_gib": pss - base, "state_gib": m["state_gib"], "n_params": m["n_params"],
+                         **_machine(rec)})
     df = pd.DataFrame(rows).reindex(columns=list(MEMORY_COLUMNS))
     return df.sort_values(["method", "seed"]).reset_index(drop=True)
 

@@ -19,6 +19,12 @@ every arm's start is a row of the same CSV (plan.start_method), so a gain over t
 
 Diverged runs keep their rows (status "diverged", empty metric cells): the tables count them, the claims drop
 their pairs and say so.
+
+Round 6 (issue 57): each row names the host type its run was made on (`host`: harness.provenance.describe_host of
+the run's provenance.json `machine`, the runs table's identity columns) and the run's own wall time (`wall_s`, from
+its metrics.json `timing`): the claims list the host types behind each contrast and what one more seed costs.
+`write_aggregate`, the rule's path, reads every run's provenance (a run without one is refused, naming it);
+`collect` alone leaves `host` empty (a record set without provenance, as the earlier-record comparison reads).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ import pandas as pd
 
 from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv
-from gradfidelity.harness.results import cell_of, load_run_records
+from gradfidelity.harness.provenance import describe_host
+from gradfidelity.harness.results import cell_of, load_run_records, read_provenance
 from gradfidelity.studies.sft_rl import plan
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.task import EVAL_SETS
@@ -45,8 +52,10 @@ HISTORIES = ("reward_history", "loss_history", "zero_adv_history")
 # demo_tokens: tokens of expert demonstrations trained on (SFT batches, mixed-policy demonstration forwards; the
 # upstream SFT's for sft_then_rl); gen_tokens: tokens generated (prefill included); lr: the RL stage's learning rate
 COUNTS = ("flops", "demo_tokens", "gen_tokens")
+# host: the host type of the row's run (describe_host; empty where the aggregate was built without provenance);
+# wall_s: the run's own wall time in seconds (its metrics.json timing; a shared run's on every row that reads it)
 COLUMNS = ("model", "variant", "method", "seed", "budget", "run", "run_variant", "status", *ACC, *NLL, *COUNTS, "lr",
-           "rl_steps", *HISTORIES)
+           "rl_steps", *HISTORIES, "host", "wall_s")
 BASE = "base"  # the method name of the shared base model's rows
 
 
@@ -102,8 +111,21 @@ def _cell(rec: dict, method: str, budget: int | None = None, cfg: StudyConfig | 
         raise UserError(f"{rec['path']}: metrics lack {exc} (needed by the {method} cell)") from None
 
 
-def collect(cfg: StudyConfig, records: list[dict]) -> pd.DataFrame:
-    """One row per (model, variant, method, seed) table cell; `records` as `load_run_records` returns them.
+def _run_facts(rec: dict, hosts: dict[str, str] | None) -> dict:
+    """The row's `host` (from `hosts`, keyed by run directory; None without) and `wall_s` (None if not timed)."""
+    return {"host": None if hosts is None else hosts[rec["run_dir"]],
+            "wall_s": (rec.get("timing") or {}).get("wall_s")}
+
+
+def host_types(records: list[dict]) -> dict[str, str]:
+    """run directory -> its host type (describe_host of its provenance.json's machine); a run without its
+    provenance.json is refused, naming it (harness.results.read_provenance)."""
+    return {rec["run_dir"]: describe_host(read_provenance(rec).get("machine") or {}) for rec in records}
+
+
+def collect(cfg: StudyConfig, records: list[dict], hosts: dict[str, str] | None = None) -> pd.DataFrame:
+    """One row per (model, variant, method, seed) table cell; `records` as `load_run_records` returns them;
+    `hosts`: run directory -> host type (`host_types`), None to leave the `host` column empty.
 
     Every cell must find its run among the records (a missing run is an error naming it), and no run may appear
     twice. The base models (stage pretrain or base) give the `base` rows."""
@@ -130,7 +152,8 @@ def collect(cfg: StudyConfig, records: list[dict]) -> pd.DataFrame:
                 key = {"model": model, "seed": int(seed), "budget": budget}
                 for variant in plan.table_variants(cfg):
                     rows.append({**key, "variant": variant, "method": BASE, "run": bases[model]["run_dir"],
-                                 "run_variant": "shared", **_cell(bases[model], BASE)})
+                                 "run_variant": "shared", **_cell(bases[model], BASE),
+                                 **_run_facts(bases[model], hosts)})
                 for variant, method in plan.table_cells(cfg):
                     run_variant, run_method = plan.cell_run(cfg, variant, method)
                     rec = runs.get((model, run_variant, run_method, int(seed)))
@@ -139,12 +162,14 @@ def collect(cfg: StudyConfig, records: list[dict]) -> pd.DataFrame:
                                         f"{variant}/{method} cell) is not among the aggregated runs; rerun the "
                                         "sft_rl rules")
                     rows.append({**key, "variant": variant, "method": method, "run": rec["run_dir"],
-                                 "run_variant": run_variant, **_cell(rec, method, budget, cfg)})
+                                 "run_variant": run_variant, **_cell(rec, method, budget, cfg),
+                                 **_run_facts(rec, hosts)})
     return pd.DataFrame(rows).reindex(columns=list(COLUMNS))
 
 
 def write_aggregate(cfg: StudyConfig, paths: list[str], scale: str, out: Path) -> pd.DataFrame:
-    df = collect(cfg, load_run_records(paths, scale=scale))
+    records = load_run_records(paths, scale=scale)
+    df = collect(cfg, records, host_types(records))
     csv = df.copy()
     for k in HISTORIES:
         csv[k] = [json.dumps(v) if isinstance(v, list) else "" for v in csv[k]]

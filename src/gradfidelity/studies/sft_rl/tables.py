@@ -11,7 +11,8 @@ adds what says whether an arm learned at all: its start, its paired gain over th
 rate, the demonstration and generated tokens it trained on, and the share of GRPO groups with zero advantage.
 All eval sets are shown, also those the claims do not count (claims.counted_sets). Round 5 (issue 46): one block of
 rows per RL budget (`rollouts`: RL steps x prompts x rollouts per prompt), each read off the same runs
-(aggregate.py), with the t intervals of the mean `id` accuracy and `id` NLL beside the macro's.
+(aggregate.py), with the t intervals of the mean `id` accuracy and `id` NLL beside the macro's. Round 6 (issue 57):
+each table names the host types its runs were made on (a host type shifts study A's runs), with the arms of each.
 """
 
 from __future__ import annotations
@@ -80,6 +81,19 @@ def arm_columns(df: pd.DataFrame, level: float) -> dict[tuple[str, str, str], di
             row[k] = f"{x.mean():,.0f}" if len(x) else f"diverged ({len(g) - len(ok)}/{len(g)})"
         out[(model, variant, method)] = row
     return out
+
+
+def hosts_note(df: pd.DataFrame) -> str:
+    """The host types the tidy CSV's runs were made on (its `host` column), and which (variant, method) cells ran on
+    each where there is more than one."""
+    if "host" not in df.columns or df.host.isna().all():
+        return "host types: not recorded (an aggregate built without the runs' provenance)."
+    cells = df.assign(host=df.host.fillna("not recorded")).groupby("host", sort=True)
+    if cells.ngroups == 1:
+        return f"every run was made on one host type: {next(iter(cells.groups))}."
+    per = [f"{host}: " + ", ".join(sorted(set(g.variant + "/" + g.method))) for host, g in cells]
+    return (f"the runs come from {cells.ngroups} host types (a host type shifts study A's runs, so a cell compared "
+            "across them measures the host too): " + "; ".join(per) + ".")
 
 
 def main_rows(summary: pd.DataFrame, cfg: StudyConfig, intervals: dict[str, dict], arms: dict) -> pd.DataFrame:
@@ -173,11 +187,13 @@ def main_table(df: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md
         + ", ".join(f"{cfg.truncated_at(b)} of {b}" for b in cfg.budgets)
         + " RL steps (the paper's 50-of-500-step fraction of each budget).",
         base_note,
+        hosts_note(df),
     ]
     write_table(out, csv, md, title="SFT-then-RL vs mixed-policy methods (sft_rl)", notes=notes)
 
 
-def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md: Path) -> pd.DataFrame:
+def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv: Path, md: Path,
+                   hosts: str = "") -> pd.DataFrame:
     rows = []
     for model in summary.model.unique():
         sft = summary[(summary.model == model) & (summary.method == "sft")].set_index("variant")
@@ -206,7 +222,8 @@ def ablation_table(summary: pd.DataFrame, cfg: StudyConfig, baseline: dict, csv:
         f"{cfg.sft.micro_batch_size}, GA {cfg.sft.grad_accum} (LUFFY's SFT recipe); macro accuracy in points, mean "
         "± sd over the seeds that finished (diverged seeds counted in n_diverged and in each cell); minus_fixed = "
         "variant mean - fixed mean (the claims pair seeds instead); nll_id: teacher-forced NLL of the held-out `id` "
-        "demonstrations (nats/token); constant_answer: the best constant predictor of each eval set."])
+        "demonstrations (nats/token); constant_answer: the best constant predictor of each eval set.",
+        *([hosts] if hosts else [])])
     return out
 
 
@@ -216,4 +233,5 @@ def write_tables(df: pd.DataFrame, cfg: StudyConfig, main_csv: Path, main_md: Pa
     level = level_for("A7")  # the claim the accuracies feed: its interval is the table's
     main_table(df, cfg, baseline, main_csv, main_md, level)
     # SFT has no RL stage: its rows are the same at every budget, read at the largest
-    ablation_table(summarise(at_budget(df, cfg.rl.steps)), cfg, baseline, abl_csv, abl_md)
+    sft = at_budget(df, cfg.rl.steps)
+    ablation_table(summarise(sft), cfg, baseline, abl_csv, abl_md, hosts_note(sft[sft.method == "sft"]))
