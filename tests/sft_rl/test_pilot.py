@@ -1,5 +1,5 @@
 """The sizing pilot (sft_rl/pilot.py) refuses evaluation steps it cannot honour before any work (its real path ran
-the round-4 pilot: study README "Round 4")."""
+the round-4 pilot: the study's HISTORY.md, "Round 4 (issue 36)")."""
 
 import pytest
 

@@ -264,9 +264,12 @@ def _stale_marker(path, reason, now):
     marker = Path(REPO, STALE_ROOT, f"{key}.txt")
     if key not in STALE_REASONS:
         STALE_REASONS[key] = (path, reason)
-        print(f"[gradfidelity] {path}: planned again, {reason}", file=sys.stderr)
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(f"{path}: {reason}\n")  # rewritten at every plan: always newer than the record
+        try:  # a closed stderr (`2>&1 | head`) must not cost the plan its retrain
+            print(f"[gradfidelity] {path}: planned again, {reason}", file=sys.stderr)
+        except OSError:
+            pass
     return str(marker.relative_to(REPO))
 
 

@@ -5,7 +5,7 @@ Why: the cpu plan needs the number of rollouts at which RL improves on its start
 seed. One long run evaluated at steps k1 < k2 < ... gives what separate k-step runs would (constant LR, one RNG
 stream: tests/sft_rl/test_reuse.py shows a run read at step k equals a run that stops there). It writes one JSON
 (the start's accuracy, then per evaluation step the accuracies, the mean reward and zero-advantage fraction of the
-steps since the previous one); the study README's pilot table is made from it.
+steps since the previous one); the study's HISTORY.md, "Round 4 (issue 36)", has the pilot table made from it.
 """
 
 from __future__ import annotations

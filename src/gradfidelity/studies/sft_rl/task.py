@@ -121,8 +121,8 @@ def pretrain_corpus(cfg: TaskConfig) -> list[dict[str, str]]:
     Two of every three lines are single operator facts of all three operators ("3*4=" -> "2"), the rest short
     worked chains ("7+5-3=" -> "7+5=2,2-3=9#9"), like a base model's web math.
 
-    Why pairs and no bare prompts: a pilot (study README) found that a loss on every token does not teach the
-    facts at all. In "a+b=c" two of the three digits are random, their loss drowns the one predictable token, and
+    Why pairs and no bare prompts: a pilot (HISTORY.md, "Rounds 1-2") found that a loss on every token does not teach
+    the facts at all. In "a+b=c" two of the three digits are random, their loss drowns the one predictable token, and
     the fact table stays at chance after 600 steps. With the loss on `c` only, the same model learns the whole
     table. Bare prompts are all random digits, so they were dropped for the same reason."""
     rng = random.Random(cfg.seed + _SPLIT_OFFSET["pretrain"])

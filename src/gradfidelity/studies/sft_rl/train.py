@@ -112,7 +112,7 @@ def no_memory_fill() -> None:
     the transformers forward and backward of these tiny models that fill was 35-40% of an RL step (profiled in
     round 4; it is not DeepSpeed's buffers, the cost stays without DeepSpeed). Every tensor the step reads is
     written first, so no number depends on it: the loss, reward and accuracy histories repeated bit for bit with
-    it off (README, "Round 4: speed")."""
+    it off (the study's HISTORY.md, "Round 4 (issue 36)")."""
     torch.utils.deterministic.fill_uninitialized_memory = False
 
 
