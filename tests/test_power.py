@@ -291,3 +291,14 @@ def test_a_stale_power_table_is_an_error(tmp_path):
         verify([ROW], evidence, "cpu", power=stale)
     with pytest.raises(UserError, match="no row"):
         verify([ROW], evidence, "cpu", power={})
+
+
+def test_a_one_seed_record_has_no_plan_and_verify_asks_for_none(tmp_path):
+    """The smoke scale's one-seed records (C3's probe): the table cannot plan from one value, and verify reads no
+    power text for them instead of asking the table for a row it never has."""
+    one = {"estimate": 1.2, "low": None, "high": None, "level": 0.90, "n": 1,
+           "power": ev.power_record("gap %", [1.2], 1.0, "gt", 0.90)}
+    evidence, power = _power_rows(tmp_path, [ROW], {"X1": one})
+    assert power == {}
+    out = verify([ROW], evidence, "cpu", power=power).iloc[0]
+    assert "its power needs" not in out["reason"] + out["detail"]

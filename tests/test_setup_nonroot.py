@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from gradfidelity.studies.local.rules import EXPORT_MD5
+
 REPO = Path(__file__).resolve().parents[1]
 MAKEFILE = REPO / "Makefile"
 
@@ -82,8 +84,7 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 def test_cpu_data_as_non_root_user_leaves_the_system_alone():
     prefix, uid = _non_root()
     gid = pwd.getpwuid(uid).pw_gid
-    local_smk = (REPO / "workflow/rules/local.smk").read_text()
-    corpus_md5 = re.search(r'^LOCAL_PYDOCS_MD5 = "([0-9a-f]{32})"', local_smk, re.M).group(1)
+    corpus_md5 = EXPORT_MD5["python_docs"]  # the pin the corpus rule checks
     pinned_sha = _make_var("PYDOCS_SHA256")
     checkout_deb = REPO / ".cache/python3.11-doc" / DEB
     root = Path(tempfile.mkdtemp(prefix="cpu-data-nonroot-"))

@@ -269,8 +269,8 @@ def _power_shortfalls(claim: dict, rec: dict, scale: str, power: dict[str, dict]
     out = []
     for key, (name, part_rec, check) in records.items():
         plan = part_rec.get("power") or {}
-        if "per_seed" not in plan or "not_applicable" in plan:
-            continue
+        if "per_seed" not in plan or "not_applicable" in plan or len(plan["per_seed"]) < 2:
+            continue  # no plan (the table's "one seed" rows: a spread needs two)
         row = power.get(key)
         per_seed = plan["per_seed"]
         if row is None:
