@@ -13,13 +13,18 @@ AMD = {"cpu_vendor": "AuthenticAMD", "cpu_family": "25", "cpu_model_number": "17
        "cpu_capability": "AVX512", "cpu_flags": "avx2 avx512f avx512_bf16", "cpu_isa_limits": "none"}
 
 
-def write_provenance(paths: list[str], machine_of=lambda path: INTEL) -> list[str]:
+# A run of round 6: started after A6's proposition was committed (claims.A6_RULE_COMMITTED)
+ROUND6 = "2026-12-07T09:00:00+00:00"
+
+
+def write_provenance(paths: list[str], machine_of=lambda path: INTEL, started: str = ROUND6) -> list[str]:
     """A provenance.json beside each metrics.json of `paths` (its seed and status, `machine_of(path)` as its
-    machine); returns `paths`."""
+    machine, `started` as its start time); returns `paths`."""
     for path in paths:
         rec = json.loads(Path(path).read_text())
         atomic_write_json(Path(path).parent / "provenance.json",
-                          {"seed": rec["seed"], "status": rec["status"], "machine": machine_of(path)})
+                          {"seed": rec["seed"], "status": rec["status"], "machine": machine_of(path),
+                           "started": started})
     return paths
 
 

@@ -71,14 +71,15 @@ def tables_of(tmp_path) -> dict:
 
 def evidence(tmp_path, cfg, **kw) -> dict:
     root = tmp_path / "results" / "sft_rl"
-    paths = write_runs(root, cfg, **kw)
-    df = agg.collect(cfg, load_run_records(paths, scale=SCALE))
+    records = load_run_records(write_provenance(write_runs(root, cfg, **kw)), scale=SCALE)
+    df = agg.collect(cfg, records, *agg.provenance_facts(records))  # runs of round 6, after A6's rule
     ev = claims_mod.claims(df, cfg, SCALE, tables_of(tmp_path), constant_baseline(cfg))
     assert ev["study"] == "sft_rl" and ev["scale"] == SCALE and set(ev["values"]) == set(ROWS)
     assert ev["evidence_version"] == claims_mod.EVIDENCE_VERSION == 5
     for cid, rec in ev["values"].items():
         jsonschema.validate(rec, RECORD_SCHEMA)
-        want = [GATE] if cid in ("A5", "A6") else [GATE, claims_mod.RL_GATE, claims_mod.ARMS_GATE]
+        want = {"A5": [GATE], "A6": [GATE, "rule_before_runs"]}.get(
+            cid, [GATE, claims_mod.RL_GATE, claims_mod.ARMS_GATE])
         assert rec["sources"] and [g["name"] for g in rec["gates"]] == want, cid
     return ev["values"]
 
@@ -589,3 +590,25 @@ def test_a_budget_without_its_evaluation_is_a_loud_error(tmp_path):
 
 def test_a9_names_the_budget_effect_only_where_a_smaller_budget_is_read(holds):
     assert "makes the FLOPs part easier to pass" not in holds["A9"]["detail"]  # one budget: nothing read beside
+
+
+def test_a6_is_decided_only_on_runs_made_after_its_proposition(tmp_path):
+    """Issue 57: A6's round-6 proposition was chosen after round 5's runs were seen, so those runs give a reading,
+    never a verdict; runs started after its commit decide (the same data, other start times)."""
+    root = tmp_path / "results" / "sft_rl"
+    cfg = _cfg([0, 1, 2])
+    paths = write_runs(root, cfg)
+
+    def a6(started):
+        records = load_run_records(write_provenance(paths, started=started), scale=SCALE)
+        df = agg.collect(cfg, records, *agg.provenance_facts(records))
+        rec = claims_mod.claims(df, cfg, SCALE, tables_of(tmp_path), constant_baseline(cfg))["values"]["A6"]
+        return rec, judge(ROWS["A6"], rec, True, SCALE)
+
+    before, (verdict, reason) = a6("2026-12-05T20:00:00+00:00")
+    gate = next(g for g in before["gates"] if g["name"] == "rule_before_runs")
+    assert not gate["passed"] and re.match(r"(\d+) of \1 runs started before A6's proposition", gate["reason"])
+    assert verdict == NOT_MEASURED and "rule_before_runs" in reason and "started before" in reason
+    after, (verdict_after, _) = a6("2026-12-07T09:00:00+00:00")
+    assert [g["passed"] for g in after["gates"] if g["name"] == "rule_before_runs"] == [True]
+    assert verdict_after != NOT_MEASURED and after["estimate"] == before["estimate"]

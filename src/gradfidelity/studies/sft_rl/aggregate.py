@@ -55,7 +55,7 @@ COUNTS = ("flops", "demo_tokens", "gen_tokens")
 # host: the host type of the row's run (describe_host; empty where the aggregate was built without provenance);
 # wall_s: the run's own wall time in seconds (its metrics.json timing; a shared run's on every row that reads it)
 COLUMNS = ("model", "variant", "method", "seed", "budget", "run", "run_variant", "status", *ACC, *NLL, *COUNTS, "lr",
-           "rl_steps", *HISTORIES, "host", "wall_s")
+           "rl_steps", *HISTORIES, "host", "wall_s", "started")
 BASE = "base"  # the method name of the shared base model's rows
 
 
@@ -111,19 +111,30 @@ def _cell(rec: dict, method: str, budget: int | None = None, cfg: StudyConfig | 
         raise UserError(f"{rec['path']}: metrics lack {exc} (needed by the {method} cell)") from None
 
 
-def _run_facts(rec: dict, hosts: dict[str, str] | None) -> dict:
-    """The row's `host` (from `hosts`, keyed by run directory; None without) and `wall_s` (None if not timed)."""
+def _run_facts(rec: dict, hosts: dict[str, str] | None, started: dict[str, str] | None = None) -> dict:
+    """The row's `host` (from `hosts`, keyed by run directory; None without), `wall_s` (None if not timed) and
+    `started` (from `started`, the run's start time as its provenance.json records it; None without)."""
     return {"host": None if hosts is None else hosts[rec["run_dir"]],
-            "wall_s": (rec.get("timing") or {}).get("wall_s")}
+            "wall_s": (rec.get("timing") or {}).get("wall_s"),
+            "started": None if started is None else started.get(rec["run_dir"])}
+
+
+def provenance_facts(records: list[dict]) -> tuple[dict[str, str], dict[str, str | None]]:
+    """(run directory -> its host type (describe_host of its provenance.json's machine), run directory -> when it
+    started), each provenance.json read once; a run without one is refused, naming it (harness.results.
+    read_provenance). The start time lets a claim tell the runs made before its rule from those made after."""
+    provs = {rec["run_dir"]: read_provenance(rec) for rec in records}
+    return ({d: describe_host(p.get("machine") or {}) for d, p in provs.items()},
+            {d: p.get("started") for d, p in provs.items()})
 
 
 def host_types(records: list[dict]) -> dict[str, str]:
-    """run directory -> its host type (describe_host of its provenance.json's machine); a run without its
-    provenance.json is refused, naming it (harness.results.read_provenance)."""
-    return {rec["run_dir"]: describe_host(read_provenance(rec).get("machine") or {}) for rec in records}
+    """run directory -> its host type (`provenance_facts`)."""
+    return provenance_facts(records)[0]
 
 
-def collect(cfg: StudyConfig, records: list[dict], hosts: dict[str, str] | None = None) -> pd.DataFrame:
+def collect(cfg: StudyConfig, records: list[dict], hosts: dict[str, str] | None = None,
+            started: dict[str, str | None] | None = None) -> pd.DataFrame:
     """One row per (model, variant, method, seed) table cell; `records` as `load_run_records` returns them;
     `hosts`: run directory -> host type (`host_types`), None to leave the `host` column empty.
 
@@ -153,7 +164,7 @@ def collect(cfg: StudyConfig, records: list[dict], hosts: dict[str, str] | None 
                 for variant in plan.table_variants(cfg):
                     rows.append({**key, "variant": variant, "method": BASE, "run": bases[model]["run_dir"],
                                  "run_variant": "shared", **_cell(bases[model], BASE),
-                                 **_run_facts(bases[model], hosts)})
+                                 **_run_facts(bases[model], hosts, started)})
                 for variant, method in plan.table_cells(cfg):
                     run_variant, run_method = plan.cell_run(cfg, variant, method)
                     rec = runs.get((model, run_variant, run_method, int(seed)))
@@ -163,13 +174,13 @@ def collect(cfg: StudyConfig, records: list[dict], hosts: dict[str, str] | None 
                                         "sft_rl rules")
                     rows.append({**key, "variant": variant, "method": method, "run": rec["run_dir"],
                                  "run_variant": run_variant, **_cell(rec, method, budget, cfg),
-                                 **_run_facts(rec, hosts)})
+                                 **_run_facts(rec, hosts, started)})
     return pd.DataFrame(rows).reindex(columns=list(COLUMNS))
 
 
 def write_aggregate(cfg: StudyConfig, paths: list[str], scale: str, out: Path) -> pd.DataFrame:
     records = load_run_records(paths, scale=scale)
-    df = collect(cfg, records, host_types(records))
+    df = collect(cfg, records, *provenance_facts(records))
     csv = df.copy()
     for k in HISTORIES:
         csv[k] = [json.dumps(v) if isinstance(v, list) else "" for v in csv[k]]

@@ -401,18 +401,19 @@ def _claims_for(df: pd.DataFrame, cfg: StudyConfig, model: str, baseline: dict, 
     gates, rl_gates = [ref], [ref, rl, arms_ok]
     main, abl = [str(p) for p in tables["main"]], [str(p) for p in tables["ablation"]]
     src_abl, src_main = ref_runs + abl, ref_runs + rl_runs + arms_runs + main
+    fixed, ds_bug, agg_bug = (_arm(df, model, v, "sft") for v in ("fixed", "ds_bug", "agg_bug"))
+    # A6 (round 6, issue 57): the paper's "most of the damage comes from the optimizer bug", E[d] - E[a] > 0,
+    # decided only on runs made after that proposition was committed (rule_before_runs)
+    a6_gates = [*gates, rule_before_runs(df, [fixed, ds_bug, agg_bug], A6_RULE_COMMITTED, "A6's proposition")]
     if not sets:
-        vals = {cid: not_measured(sets_note, gates=gates if cid in ("A5", "A6") else rl_gates,
+        vals = {cid: not_measured(sets_note, gates={"A5": gates, "A6": a6_gates}.get(cid, rl_gates),
                                   sources=src_abl if cid in ("A5", "A6") else src_main)
                 for cid in ("A5", "A6", "A7", "A8", "A8-mech", "A9")}
         return _finish(vals, model, "", df, score)
     vals: dict = {}
 
-    fixed, ds_bug, agg_bug = (_arm(df, model, v, "sft") for v in ("fixed", "ds_bug", "agg_bug"))
     vals["A5"] = _difference("A5", fixed, ds_bug, "SFT score, fixed minus ds_bug", gates=gates, sources=src_abl)
-
-    # A6 (round 6, issue 57): the paper's "most of the damage comes from the optimizer bug", E[d] - E[a] > 0
-    vals["A6"] = _a6(fixed, ds_bug, agg_bug, gates, src_abl)
+    vals["A6"] = _a6(fixed, ds_bug, agg_bug, a6_gates, src_abl)
 
     mixed = [m for m in plan.MIXED if m in cfg.methods]
     # A7: SFT-then-RL against every mixed-policy method, one paired part each (the registry's parts)
@@ -449,6 +450,28 @@ def _verdict_word(rec: dict) -> str:
 def _noise(x: np.ndarray, level: float) -> str:
     sd, se, half = se_and_half_width(x, level)
     return f"per-seed sd {sd:.2f}, SE {se:.2f}, {level * 100:g}% half-width {half:.2f}"
+
+
+# When A6's round-6 proposition was committed (7763ec9): runs that started before it were seen when it was chosen,
+# so they give A6 a reading, never a verdict (issue 57: a rule is fixed before the run that decides it).
+A6_RULE_COMMITTED = "2026-12-06T01:53:47+00:00"
+
+
+def rule_before_runs(df: pd.DataFrame, arms: list[Arm], committed: str, rule: str) -> dict:
+    """The gate that a claim's runs all started after its rule was committed (`committed`, ISO time): the rows of
+    `arms`' runs must carry a start time (the aggregate's `started`, from provenance.json) later than it. A run
+    without one, or one that started before, fails the gate, naming how many."""
+    runs = {run for a in arms for run in a.runs.values()}
+    started = df[df.run.isin(runs)].drop_duplicates("run").set_index("run")["started"]
+    when = pd.to_datetime(started, utc=True, errors="coerce")
+    rule_time = pd.Timestamp(committed)
+    before, unknown = int((when <= rule_time).sum()), int(when.isna().sum())
+    passed = bool(len(runs)) and before == 0 and unknown == 0
+    reason = (f"all {len(runs)} runs started after {rule} was committed ({committed})" if passed else
+              f"{before} of {len(runs)} runs started before {rule} was committed ({committed}) and "
+              f"{unknown} record no start time: the proposition was chosen after they were seen, so they give a "
+              f"reading, not a verdict; runs made after it decide")
+    return {"name": "rule_before_runs", "passed": passed, "reason": reason}
 
 
 def _a6(fixed: Arm, ds_bug: Arm, agg_bug: Arm, gates: list, src_abl: list[str]) -> dict:
