@@ -1,4 +1,5 @@
 # Helpers shared by every rules module: config loading per scale, output roots, the command prefix. No rules here.
+import functools
 import hashlib
 import importlib
 import json
@@ -281,6 +282,12 @@ def _with(value, extra):
     return [value, extra] if value else [extra]
 
 
+@functools.lru_cache(maxsize=1)
+def _head_sha():
+    """The checkout's commit, asked once per plan (the backfill writes it into every record it gives an identity)."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
 def backfill_identity(path, now):
     """A committed record made before identities (no `identity` in its provenance.json) is given the identity its
     job has under the committed config, marked `backfilled` with how it was checked: every key of the job's config
@@ -290,8 +297,8 @@ def backfill_identity(path, now):
     prov = json.loads(prov_path.read_text())
     if "identity" in prov:
         return
-    kept = record_identity._flatten(prov.get("config") or {})
-    wanted = record_identity._flatten(now["config"])
+    kept = record_identity.flatten(prov.get("config") or {})
+    wanted = record_identity.flatten(now["config"])
     common = [k for k in wanted if k in kept]
     differ = [f"{k} {kept[k]!r} -> {wanted[k]!r}" for k in common if kept[k] != wanted[k]]
     if differ:
@@ -300,8 +307,7 @@ def backfill_identity(path, now):
     how = (f"the record's own config agrees on all {len(common)} of the {len(wanted)} job keys it kept"
            if kept else "a restored record (it kept no config): taken as made by the committed config, as the round "
                         "that made it committed it")
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    prov["identity"] = {**now, "backfilled": f"round 6, from the committed config at {sha}; {how}"}
+    prov["identity"] = {**now, "backfilled": f"round 6, from the committed config at {_head_sha()}; {how}"}
     from gradfidelity.harness.io import atomic_write_json
 
     atomic_write_json(prov_path, prov)

@@ -61,14 +61,14 @@ def _md5(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-def _flatten(value, prefix: str = "") -> dict[str, object]:
+def flatten(value, prefix: str = "") -> dict[str, object]:
     """{"train": {"steps": 5}} -> {"train.steps": 5}; a list, a scalar or an inner {} is one leaf; {} -> {}."""
     if isinstance(value, dict) and not value and not prefix:
         return {}
     if isinstance(value, dict) and value:
         out = {}
         for key in sorted(value):
-            out.update(_flatten(value[key], f"{prefix}{key}."))
+            out.update(flatten(value[key], f"{prefix}{key}."))
         return out
     return {prefix[:-1]: value}
 
@@ -108,7 +108,7 @@ def differences(recorded: dict, now: dict) -> list[str]:
     lacks reads "(none)" there. Empty when the two are the same identity."""
     out = []
     for part in ("job", "config", "data"):
-        old, new = _flatten(recorded.get(part, {})), _flatten(now.get(part, {}))
+        old, new = flatten(recorded.get(part, {})), flatten(now.get(part, {}))
         if part == "job":
             old, new = {"job": recorded.get("job")}, {"job": now.get("job")}
         changed = [f"{k} {_short(old.get(k, '(none)'))} -> {_short(new.get(k, '(none)'))}"
