@@ -66,19 +66,43 @@ def test_smoke_plan():
 
 
 def test_cpu_plan_sizes_each_cell_by_its_claims():
-    """The cpu plan of the README: C4 at 40 seeds (BP and Broadcast: async on 0-10, serial on 11-39) with the
-    zero-gap control on every one of them, C7 at 5 side seeds, C9 at 5; all on the Python-docs text."""
+    """The cpu plan of the README: C4 at 118 seeds (BP and Broadcast: async on 0-10, serial on 11-117), the zero-gap
+    control on seeds 5-39, C7 at 5 side seeds, C8 and C9 at 13 mechanism seeds (on 11 and 12 serial Broadcast is the
+    quality job's); all on the Python-docs text."""
     cfg = config.load(yaml.safe_load((REPO / "config" / "cpu" / "local.yaml").read_text()))
     gs = plan.groups(cfg)
     count = {k: (len(g.cells), g.methods) for k, g in gs.items()}
     assert count == {"main": (5, ("bp", "bp_tm", "broadcast_async", "rgc_async")),
                      "side": (5, ("bp", "broadcast_async")), "power": (6, ("bp", "broadcast_async")),
-                     "mechanism": (5, ("live_local", "broadcast_serial", "rgc_serial")),
-                     "quality": (29, ("bp", "broadcast_serial")), "control": (35, ("bp_tm",))}
+                     "mechanism": (11, ("live_local", "broadcast_serial", "rgc_serial")),
+                     "mechanism_beside_quality": (2, ("live_local", "rgc_serial")),
+                     "quality": (107, ("bp", "broadcast_serial")), "control": (35, ("bp_tm",))}
     assert gs["power"].values("seed") == list(range(5, 11)) and gs["side"].values("width") == [32]
-    assert gs["quality"].values("seed") == list(range(11, 40)) and gs["control"].values("seed") == list(range(5, 40))
+    assert gs["quality"].values("seed") == list(range(11, 118)) and gs["control"].values("seed") == list(range(5, 40))
+    assert gs["mechanism"].values("seed") == list(range(11))
+    assert gs["mechanism_beside_quality"].values("seed") == [11, 12]
     assert {c[0] for g in gs.values() for c in g.cells} == {"python_docs"} and cfg.main_corpus == "python_docs"
-    assert len(plan.runs(cfg, "results/cpu")) == 5 * 4 + 5 * 2 + 6 * 2 + 5 * 3 + 29 * 2 + 35
+    runs = plan.runs(cfg, "results/cpu")
+    assert len(runs) == len(set(runs)) == 5 * 4 + 5 * 2 + 6 * 2 + 11 * 3 + 2 * 2 + 107 * 2 + 35
+    serial = {r for r in runs if "/broadcast_serial/" in r}
+    assert {f"results/cpu/local/python_docs/w64/broadcast_serial/seed{k}/metrics.json" for k in range(118)} == serial
+
+
+def test_mechanism_seeds_on_quality_seeds_run_only_what_the_quality_job_did_not():
+    """Hand-made: mechanism seeds 0-5 against quality seeds 3-6. Seeds 3-5 already get serial Broadcast from their
+    quality job, so their mechanism job runs Live Local and RGC alone; no run has two rules; without quality cells
+    the mechanism group is whole."""
+    sec = dict(widths=[64], main_width=64, seeds=2, power_seeds=3, quality_seeds=7, mechanism_seeds=6,
+               mechanism_widths=[64], corpora={"enwik8": {"source": "embedded"}})
+    gs = plan.groups(study(**sec))
+    assert gs["mechanism"].values("seed") == [0, 1, 2]
+    assert gs["mechanism_beside_quality"].values("seed") == [3, 4, 5]
+    assert gs["mechanism_beside_quality"].methods == ("live_local", "rgc_serial")
+    runs = plan.runs(study(**sec), "r")
+    assert len(runs) == len(set(runs))
+    assert sum("/broadcast_serial/seed4/" in r for r in runs) == 1
+    whole = plan.groups(study(**{**sec, "quality_seeds": 0}))
+    assert "mechanism_beside_quality" not in whole and whole["mechanism"].values("seed") == list(range(6))
 
 
 def test_group_constraints_match_only_their_own_cells():

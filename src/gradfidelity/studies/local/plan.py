@@ -7,7 +7,9 @@ each one rule (local.smk), each with its own methods:
   side       at the other widths, seeds 0..side_seeds-1: `side_methods` (the width trend C7 needs BP and Broadcast)
   power      at `main_width`, seeds seeds..power_seeds-1: `power_methods` only (the paper's decision statistics, C4,
              at the seeds their power asks for, without paying for the arms no claim reads at those seeds)
-  mechanism  the serial local methods on `mechanism_corpora` x `mechanism_widths`, seeds 0..mechanism_seeds-1
+  mechanism  the serial local methods on `mechanism_corpora` x `mechanism_widths`, seeds 0..mechanism_seeds-1;
+             where those seeds reach the quality cells (round 6: C8 at the n its power asks), the cell's serial
+             Broadcast is the quality job's, and group `mechanism_beside_quality` runs the other serial methods there
   quality    at `main_corpus` and `main_width`, seeds max(seeds, power_seeds)..quality_seeds-1: `quality_methods`
              (BP and serial Broadcast) in one-thread jobs two at a time: C4's pairs beyond the power cells. Serial
              Broadcast is the async runtime's arithmetic bit for bit (claims.py checks it on every seed that has
@@ -74,7 +76,7 @@ def _main_methods(cfg: StudyConfig) -> tuple[str, ...]:
     return tuple(m for m in MAIN if m in cfg.methods)
 
 
-GROUPS = ("main", "side", "power", "mechanism", "quality", "control")  # every group a plan can have: rule each
+GROUPS = ("main", "side", "power", "mechanism", "mechanism_beside_quality", "quality", "control")  # a rule each
 SHARED_GROUPS = ("quality",)  # groups whose jobs take one thread and run two at a time
 QUALITY_METHODS_DEFAULT = ("bp", "broadcast_serial")
 
@@ -105,9 +107,16 @@ def groups(cfg: StudyConfig) -> dict[str, Group]:
     quality_methods = wanted if set(wanted) <= set(cfg.methods) else ()
     control = [(mc, cfg.main_width, k) for k in range(cfg.seeds, cfg.control_seeds or 0)] if in_plan else []
     control_methods = ("bp_tm",) if "bp_tm" in cfg.methods else ()
+    # A mechanism seed that is also a quality seed already has serial Broadcast (the quality job ran it, the same
+    # run a mechanism job would make): its mechanism job runs only the serial methods the quality job did not.
+    mech_methods = tuple(m for m in SERIAL_LOCAL if m in cfg.methods)
+    shared = set(quality) if quality_methods else set()
+    beside = [c for c in mech if c in shared]
+    beside_methods = tuple(m for m in mech_methods if m not in quality_methods)
     out = {g.name: g for g in (Group("main", main_methods, tuple(main)), Group("side", side_methods, tuple(side)),
                                Group("power", power_methods, tuple(power)),
-                               Group("mechanism", tuple(m for m in SERIAL_LOCAL if m in cfg.methods), tuple(mech)),
+                               Group("mechanism", mech_methods, tuple(c for c in mech if c not in shared)),
+                               Group("mechanism_beside_quality", beside_methods, tuple(beside)),
                                Group("quality", quality_methods, tuple(quality)),
                                Group("control", control_methods, tuple(control)))
            if g.methods and g.cells}
