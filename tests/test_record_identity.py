@@ -112,46 +112,66 @@ def test_a_run_started_by_hand_records_no_identity(tmp_path, monkeypatch):
     assert "identity" not in json.loads((tmp_path / "provenance.json").read_text())
 
 
-def _user_text(path: Path) -> None:
-    rng = random.Random(7)
-    words = ["ledger", "quartz", "vellum", "harbour", "cobalt", "meadow", "lantern", "ferrous", "sable", "tundra"]
+def _user_text(path: Path, words: list[str], seed: int) -> None:
+    rng = random.Random(seed)
     path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(20000)) + "\n")
+
+
+# A trimmed smoke plan that still reaches the claims: width 64, 3 paired seeds of BP and async Broadcast (C4's and
+# C6's arms), the memory probe, no power, quality, control or mechanism cells.
+_TRIM = ("local:\n  widths: [64]\n  seeds: 3\n  power_seeds: 0\n  quality_seeds: 0\n  control_seeds: 0\n"
+         "  methods: [bp, broadcast_async]\n")
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_own_text_recipe_trains_on_the_users_bytes_at_smoke(tmp_path):
-    """The README's own-text recipe, end to end at the smoke scale: a cell made on the scale's own corpus, then the
-    user's file put in that corpus's place. The plan names why the record no longer stands (its text changed), the
-    data meta carries the file's MD5, the run's identity names it, and the metric differs from the first run's."""
+def test_own_text_recipe_trains_on_the_users_bytes_and_the_claims_name_them_at_smoke(tmp_path):
+    """The README's own-text recipe, end to end at the smoke scale (issues 56 and 61):
+    - a cell made on the scale's own corpus, then the user's file put in the main corpus's place: the plan names why
+      the record no longer stands (its text changed), the data meta and the run's identity carry the file's MD5,
+      and the metric differs from the first run's;
+    - the claims read the user's text: each detail of a claim on the main corpus names the file and its MD5;
+    - the C6 recipe in the same run (`tinystories: {source: file, ...}`): C6 is decided on the user's stories, no
+      longer "not measured", and its detail names that file and its MD5.
+    Nothing plans the Python-docs build."""
     work = tmp_path / "repo"
     subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
-    text = tmp_path / "mytext.txt"
-    _user_text(text)
+    text, stories = tmp_path / "mytext.txt", tmp_path / "stories.txt"
+    _user_text(text, ["ledger", "quartz", "vellum", "harbour", "cobalt", "meadow", "lantern", "ferrous", "sable"], 7)
+    _user_text(stories, ["once", "upon", "a", "time", "little", "dog", "ran", "home", "happy", "sun", "mom"], 8)
     md5 = hashlib.md5(text.read_bytes()).hexdigest()
-    trim = "local:\n  methods: [bp, bp_tm]\n"
-    (tmp_path / "base.yaml").write_text(trim)
-    (tmp_path / "my.yaml").write_text(trim + f"  corpora:\n    enwik8: {{source: file, path: {text}, md5: ''}}\n")
+    md5_stories = hashlib.md5(stories.read_bytes()).hexdigest()
+    (tmp_path / "base.yaml").write_text(_TRIM)
+    (tmp_path / "my.yaml").write_text(_TRIM + f"  corpora:\n    enwik8: {{source: file, path: {text}, md5: ''}}\n"
+                                      f"    tinystories: {{source: file, path: {stories}, md5: ''}}\n")
     cell = "results/smoke/local/enwik8/w64/bp/seed0/metrics.json"
+    claims = "results/smoke/claims/local.json"
 
-    def snakemake(configfile, *extra):
-        res = subprocess.run([sys.executable, "-m", "snakemake", "-c2", cell, *extra, "--configfile",
+    def snakemake(configfile, target, *extra):
+        res = subprocess.run([sys.executable, "-m", "snakemake", "-c2", target, *extra, "--configfile",
                               str(tmp_path / configfile), "--config", "scale=smoke"], cwd=work, capture_output=True,
-                             text=True, timeout=1200)
+                             text=True, timeout=1500)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         return res
 
-    snakemake("base.yaml")
+    snakemake("base.yaml", cell)
     theirs = json.loads((work / cell).read_text())["metrics"]
-    plan = snakemake("my.yaml", "-n")
+    plan = snakemake("my.yaml", claims, "-n")
     assert f"{cell}: planned again, data changed: " in plan.stderr and f"corpus.text_md5 (none) -> {md5}" in plan.stderr
-    snakemake("my.yaml")
+    assert "local_corpus_pydocs" not in plan.stdout
+    snakemake("my.yaml", claims)
     meta = json.loads((work / "results/smoke/local/data/enwik8/meta.json").read_text())
     assert md5 in json.dumps(meta)  # the data job read the user's bytes
     prov = json.loads((work / cell).with_name("provenance.json").read_text())
     assert prov["identity"]["data"]["corpus"]["text_md5"] == md5
     ours = json.loads((work / cell).read_text())["metrics"]
     assert ours["val_bpb"] != theirs["val_bpb"]
+    values = json.loads((work / claims).read_text())["values"]
+    assert f"enwik8 (file:mytext.txt, MD5 {md5})" in values["C4"]["detail"]
+    assert values["C4"]["n"] == 3 and values["C4"]["estimate"] is not None
+    c6 = values["C6"]
+    assert f"tinystories (file:stories.txt, MD5 {md5_stories})" in c6["detail"], c6["detail"][:300]
+    assert c6["n"] == 3 and c6["estimate"] is not None and "not measured" not in c6["detail"]
     shutil.rmtree(work)
 
 

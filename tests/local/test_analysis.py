@@ -20,6 +20,7 @@ import pytest
 from scipy import stats
 
 from gradfidelity.claims.evidence import RECORD_SCHEMA
+from gradfidelity.errors import UserError
 from gradfidelity.claims.registry import interval_level
 from gradfidelity.claims.verify import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, judge, load_evidence, load_registry
 from gradfidelity.errors import UserError
@@ -51,7 +52,7 @@ HOST = {}  # (method, seed) -> machine, where a test puts a run on another host 
 
 
 def _run(root, corpus, width, method, seed, *, bpb=2.0, tps=100.0, pss=0.3, scale=SCALE, busy=(3.0, 4.0),
-         wall=None, shares=False):
+         wall=None, shares=False, text_md5=None):
     """A run as the harness writes it (metrics.json and its provenance.json); its cell (the rule's wildcards,
     strings, and the method) is its identity: the folder names below are deliberately not the plan's, so nothing
     can be read off the path."""
@@ -78,7 +79,10 @@ def _run(root, corpus, width, method, seed, *, bpb=2.0, tps=100.0, pss=0.3, scal
     rec["timing"]["wall_s"] = wall if wall is not None else 1000 / tps if tps else 1.0
     (d / "metrics.json").write_text(json.dumps(rec))
     machine = HOST.get((method, seed), INTEL)
-    (d / "provenance.json").write_text(json.dumps({"seed": seed, "status": status, "machine": machine}))
+    prov = {"seed": seed, "status": status, "machine": machine}
+    if text_md5:  # the record's identity names the text it trained on (harness/identity.py)
+        prov["identity"] = {"data": {"corpus": {"name": corpus, "source": "file", "text_md5": text_md5}}}
+    (d / "provenance.json").write_text(json.dumps(prov))
     return str(d / "metrics.json")
 
 
@@ -472,3 +476,22 @@ def test_runs_beside_another_job_give_no_rate(tmp_path, monkeypatch):
     ev = claims(df, S, SCALE)["values"]
     assert ev["C2"]["n"] == 3 and "BP (enwik8, w64): ran beside another job (no tokens_per_s) on seed(s) [3]" in \
         ev["C2"]["detail"]
+
+
+def test_claims_name_the_text_each_corpus_trained_on_and_refuse_two_texts_in_one_corpus(tmp_path):
+    """A user's own text is named, with its MD5, in the detail of every claim it decides (issue 61); runs of one
+    corpus on two texts stop the claims, naming both MD5s, instead of pairing a gap across two texts."""
+    from gradfidelity.studies.local.aggregate import corpus_label
+
+    one = [_run(tmp_path / "a", "enwik8", 64, m, k, bpb=2.0 + 0.01 * k, text_md5="a" * 32)
+           for m in ("bp", "broadcast_async") for k in range(3)]
+    df = aggregate(one, scale=SCALE)
+    assert corpus_label(df[df.corpus == "enwik8"], "enwik8") == f"enwik8 (embedded, MD5 {'a' * 32})"
+    out = claims(df, S, SCALE, {"aggregate": "agg.csv", "main": "main.csv"})
+    assert f"MD5 {'a' * 32}" in out["values"]["C4"]["detail"]
+    two = [_run(tmp_path / "b", "enwik8", 64, m, k, text_md5=("a" if k else "b") * 32)
+           for m in ("bp", "broadcast_async") for k in range(3)]
+    with pytest.raises(UserError, match=f"trained on 2 texts \\(MD5 {'a' * 32}, {'b' * 32}\\)"):
+        claims(aggregate(two, scale=SCALE), S, SCALE, {"aggregate": "agg.csv"})
+    plain = aggregate([_run(tmp_path / "c", "enwik8", 64, "bp", 0)], scale=SCALE)
+    assert corpus_label(plain, "enwik8") == "enwik8 (embedded)"

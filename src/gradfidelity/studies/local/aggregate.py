@@ -42,14 +42,22 @@ _DIVERGED = ("diverged_at_step", "diverged_what")
 # Where the run ran (its provenance's machine) and its wall time: kept for every run, a job that shared the machine
 # included (its wall time is what its seed cost, even where its rate is not read).
 _MACHINE = (*IDENTITY_KEYS, "cpu_count", "wall_s")
-COLUMNS = (*_KEYS, *_METRICS, *_TIMING, "shares_machine", "stage_busy_s", *_DIVERGED, *_MACHINE)
+COLUMNS = (*_KEYS, *_METRICS, "corpus_md5", *_TIMING, "shares_machine", "stage_busy_s", *_DIVERGED, *_MACHINE)
 
 
-def _machine(rec: dict) -> dict:
+def _machine(rec: dict, prov: dict) -> dict:
     """The run's CPU identity and core count (provenance.json) and its wall time (metrics.json's timing)."""
-    machine = read_provenance(rec).get("machine") or {}
+    machine = prov.get("machine") or {}
     return {**{k: machine.get(k, UNKNOWN_ISA) for k in IDENTITY_KEYS}, "cpu_count": machine.get("cpu_count"),
             "wall_s": (rec.get("timing") or {}).get("wall_s")}
+
+
+def _text_md5(prov: dict) -> str | None:
+    """The MD5 of the text the run trained on, as its record's identity names it (harness/identity.py: a `source:
+    file` corpus, a user's text included); None for an embedded or downloaded corpus, whose identity is its
+    settings."""
+    corpus = (((prov.get("identity") or {}).get("data") or {}).get("corpus")) or {}
+    return corpus.get("text_md5")
 
 
 def _cell(rec: dict) -> dict:
@@ -77,7 +85,8 @@ def aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame:
             row["stage_busy_s"] = json.dumps(t["stage_busy_s"]) if "stage_busy_s" in t else ""
         else:
             row.update({k: m.get(k) for k in _DIVERGED})
-        rows.append({**row, **_machine(rec)})
+        prov = read_provenance(rec)
+        rows.append({**row, "corpus_md5": _text_md5(prov), **_machine(rec, prov)})
     df = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     return df.sort_values(["corpus", "width", "method", "seed"]).reset_index(drop=True)
 
@@ -186,6 +195,18 @@ def source_of(cell: pd.DataFrame) -> str:
     return str(s.iloc[0]) if len(s) else "?"
 
 
+def corpus_label(cell: pd.DataFrame, corpus: str) -> str:
+    """How a claim's detail names the text its runs trained on: the corpus, its source (`file:<name>` for a file)
+    and the text's MD5 (`corpus_md5`), so that a user's own text is named in the claims it decides. Runs of one
+    corpus on two texts are refused, naming both: a paired gap between them would compare two texts."""
+    md5s = sorted(set(cell["corpus_md5"].dropna().astype(str))) if "corpus_md5" in cell else []
+    if len(md5s) > 1:
+        raise UserError(f"local: the runs of corpus {corpus!r} trained on {len(md5s)} texts (MD5 "
+                        f"{', '.join(md5s)}); a claim pairs runs on one text: plan them again on one "
+                        f"(local.corpora.{corpus})")
+    return f"{corpus} ({source_of(cell)}" + (f", MD5 {md5s[0]})" if md5s else ")")
+
+
 MEMORY_COLUMNS = ("path", "run_dir", "status", "seed", "scale", "width", "n_layer", "method", "pss_gib",
                   "baseline_gib", "model_gib", "state_gib", "n_params", *_MACHINE)
 
@@ -210,7 +231,7 @@ def memory_aggregate(paths: list[str], scale: str | None = None) -> pd.DataFrame
                          "seed": int(rec["seed"]), "scale": rec.get("scale"), "width": int(m["width"]),
                          "n_layer": int(m["n_layer"]), "method": method, "pss_gib": pss, "baseline_gib": base,
                          "model_gib": pss - base, "state_gib": m["state_gib"], "n_params": m["n_params"],
-                         **_machine(rec)})
+                         **_machine(rec, read_provenance(rec))})
     df = pd.DataFrame(rows).reindex(columns=list(MEMORY_COLUMNS))
     return df.sort_values(["method", "seed"]).reset_index(drop=True)
 

@@ -59,7 +59,8 @@ from gradfidelity.claims.verdict import NOT_MEASURED
 from gradfidelity.claims.verify import interval_verdict
 from gradfidelity.stats import equivalence_tost, noninferiority
 from gradfidelity.stats.power import decision_probability, seeds_to_decide
-from gradfidelity.studies.local.aggregate import LABEL, Aligned, align, hosts_of, seed_wall_s, source_of
+from gradfidelity.studies.local.aggregate import (LABEL, Aligned, align, corpus_label, hosts_of, seed_wall_s,
+                                                  source_of)
 from gradfidelity.studies.local.config import StudyConfig
 from gradfidelity.studies.local.stats import (
     CONTROL,
@@ -183,7 +184,7 @@ def claims(df: pd.DataFrame, s: StudyConfig, scale: str, tables: dict[str, str |
     W, M, vals = s.main_width, s.main_corpus, {}
 
     def src(corpus: str) -> str:
-        return f"{corpus} ({source_of(df[df.corpus == corpus])})"
+        return corpus_label(df[df.corpus == corpus], corpus)
 
     def threads(corpus: str, width: int, method: str) -> str:
         t = df[(df.corpus == corpus) & (df.width == width) & (df.method == method)].compute_threads.dropna()
