@@ -130,6 +130,15 @@ def test_the_own_text_recipe_at_cpu_plans_the_data_and_every_cell_on_the_users_f
     md5 = __import__("hashlib").md5(text.read_bytes()).hexdigest()
     reason = f"data changed: corpus.text_md5 ffe3fd4a0f5469cba03458a8aed6d3b6 -> {md5}"
     assert len(_local_cells(jobs)) == sum(reason in line for line in res.stderr.splitlines()) > 80
+    # The README's trimmed form (no quality or control cells): mechanism seeds 11 and 12 then run serial Broadcast
+    # themselves, where committed quality records of the Python-docs text lie; those do not stand for the user's
+    # text, so nothing is refused as an overlap and the cells are planned on the user's file.
+    my.write_text(f'local:\n  quality_seeds: 0\n  control_seeds: 0\n'
+                  f'  corpora:\n    python_docs: {{source: file, path: {text}, md5: ""}}\n')
+    res = _plan_text(clone, "local", "--configfile", str(my), "--config", "scale=cpu")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    trimmed = _local_cells(parse_dry_run(res.stdout))
+    assert 0 < len(trimmed) < 40 and not [j for j in trimmed if j.rule in ("local_quality", "local_control")]
 
 
 def test_one_more_main_seed_of_study_c_stops_naming_the_overlap(clone):

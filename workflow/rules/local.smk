@@ -2,6 +2,8 @@
 # data -> one paired job per (corpus, width, seed) -> aggregate + statistics -> tables, figures, claim evidence.
 # Rules only: the plan (cells, run paths), the config keys each job reads, threads and constraints come from the
 # study's plan.py and rules.py.
+from types import SimpleNamespace
+
 LOCAL_CONFIG = STUDY_CONFIG["local"]
 LOCAL_PLAN = study_module("local", "plan")
 LOCAL_RULES = study_module("local", "rules")
@@ -33,22 +35,6 @@ LOCAL_PYDOCS_ROOT = config.get("pydocs_root") or str(
 LOCAL_FILE_SOURCES = LOCAL_CORPUS_CHECK.file_sources(
     config["local"]["corpora"], SCALE, produced={LOCAL_PYDOCS: "local_corpus_pydocs"}
 )
-
-
-# A paired job writes every method of its cell: a cell that already has some methods' records (made by another
-# group: one more main seed is a seed the power and control groups ran) would have them overwritten. Refused as the
-# workflow loads, naming the cells and the way out.
-_LOCAL_PARTIAL = LOCAL_RULES.partial_cells(
-    LOCAL_PLAN.groups(LOCAL_CONFIG).values(), LOCAL_PLAN.run_pattern(RESULTS), lambda p: Path(REPO, p).is_file()
-)
-if _LOCAL_PARTIAL:
-    raise UserError(
-        "local: these cells overlap runs another group made, and their jobs would overwrite them: "
-        + "; ".join(_LOCAL_PARTIAL[:4]) + (" ..." if len(_LOCAL_PARTIAL) > 4 else "")
-        + ". One more seed of C4 is one more quality seed (local.quality_seeds and local.control_seeds), of C8 and C9 "
-        "one more mechanism seed (local.mechanism_seeds); the main cell (local.seeds) grows only past the power, "
-        "quality and control seeds (src/gradfidelity/studies/local/README.md, 'How to extend')"
-    )
 
 
 rule local_corpus_pydocs:
@@ -97,6 +83,29 @@ LOCAL_TRAIN_IDENTITY = job_identity("local", "train", LOCAL_RULES.job_cfg(config
                                     LOCAL_RULES.train_identity(config["local"]))
 LOCAL_MEMORY_IDENTITY = job_identity("local", "memory", LOCAL_RULES.job_cfg(config["local"], "memory"),
                                      LOCAL_RULES.corpus_identity(config["local"], LOCAL_CONFIG.main_corpus))
+
+
+# A paired job writes every method of its cell: a cell that already has some methods' standing records (made by another
+# group: one more main seed is a seed the power and control groups ran) would have them overwritten. Refused as the
+# workflow loads, naming the cells and the way out.
+def _local_record_stands(path, corpus):
+    """The record is there and stands for its job's identity now (common.smk: stale_reason)."""
+    if not Path(REPO, path).is_file():
+        return False
+    return stale_reason(path, LOCAL_TRAIN_IDENTITY(SimpleNamespace(corpus=corpus))) is None
+
+
+_LOCAL_PARTIAL = LOCAL_RULES.partial_cells(
+    LOCAL_PLAN.groups(LOCAL_CONFIG).values(), LOCAL_PLAN.run_pattern(RESULTS), _local_record_stands
+)
+if _LOCAL_PARTIAL:
+    raise UserError(
+        "local: these cells overlap runs another group made, and their jobs would overwrite them: "
+        + "; ".join(_LOCAL_PARTIAL[:4]) + (" ..." if len(_LOCAL_PARTIAL) > 4 else "")
+        + ". One more seed of C4 is one more quality seed (local.quality_seeds and local.control_seeds), of C8 and C9 "
+        "one more mechanism seed (local.mechanism_seeds); the main cell (local.seeds) grows only past the power, "
+        "quality and control seeds (src/gradfidelity/studies/local/README.md, 'How to extend')"
+    )
 
 
 # One rule definition for every job group (plan.py: main, side, power, mechanism), instantiated once per group:

@@ -123,14 +123,17 @@ def train_identity(section: dict):
     return lambda wildcards: corpus_identity(section, wildcards.corpus)
 
 
-def partial_cells(groups, pattern: str, exists) -> list[str]:
-    """The cells of `groups` that have the records of some of their methods and not of others: a paired job writes
-    every method of its cell, so running it would overwrite the records another group made (one more main seed is
-    a seed the power and control groups already ran). One line per cell, naming what it has and what it lacks."""
+def partial_cells(groups, pattern: str, stands) -> list[str]:
+    """The cells of `groups` that have the standing records of some of their methods and not of others: a paired
+    job writes every method of its cell, so running it would overwrite the records another group made (one more main
+    seed is a seed the power and control groups already ran). `stands(path, corpus)`: the record is there and stands
+    for the job's identity (a record of another config or text is planned again anyway: a user's own text with a
+    trimmed plan overwrites nothing that still counts). One line per cell, naming what it has and what it lacks."""
     out = []
     for g in groups:
         for corpus, width, seed in g.cells:
-            have = [m for m in g.methods if exists(pattern.format(corpus=corpus, width=width, method=m, seed=seed))]
+            have = [m for m in g.methods
+                    if stands(pattern.format(corpus=corpus, width=width, method=m, seed=seed), corpus)]
             if have and len(have) < len(g.methods):
                 lacks = [m for m in g.methods if m not in have]
                 out.append(f"{g.name} cell {corpus} w{width} seed {seed} has {', '.join(have)} (made by another "
