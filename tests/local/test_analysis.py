@@ -495,3 +495,28 @@ def test_claims_name_the_text_each_corpus_trained_on_and_refuse_two_texts_in_one
         claims(aggregate(two, scale=SCALE), S, SCALE, {"aggregate": "agg.csv"})
     plain = aggregate([_run(tmp_path / "c", "enwik8", 64, "bp", 0)], scale=SCALE)
     assert corpus_label(plain, "enwik8") == "enwik8 (embedded)"
+
+
+def test_pooled_broadcast_compares_bit_for_bit_only_on_one_host_type():
+    """Round 6: serial Broadcast ran on seeds whose async run came from another host type. Those seeds are not
+    compared (last bits differ between host types whatever is computed), so the quality seeds stay pooled; a
+    same-host difference still keeps the async seeds alone (the claim false: not the same computation)."""
+    from gradfidelity.harness.provenance import IDENTITY_KEYS
+    from gradfidelity.studies.local.stats import pooled_broadcast
+
+    def host(vendor):
+        return {k: (vendor if k == "cpu_vendor" else 1) for k in IDENTITY_KEYS}
+
+    def row(method, seed, bpb, vendor):
+        return {"corpus": "c", "width": 64, "method": method, "seed": seed, "status": "ok", "val_bpb": bpb,
+                "tokens_per_s": 1.0, "train_s": 1.0, **host(vendor)}
+
+    base = [row("broadcast_async", 0, 2.0, "A"), row("broadcast_serial", 0, 2.0, "A"),
+            row("broadcast_async", 1, 2.1, "A"), row("broadcast_serial", 1, 2.1000001, "B"),
+            row("broadcast_serial", 2, 2.2, "B")]
+    rows, how = pooled_broadcast(pd.DataFrame(base), "c", 64)
+    assert sorted(rows.seed) == [0, 1, 2] and "seed(s) [1] have both on two host types" in how
+    assert rows.set_index("seed").loc[1, "val_bpb"] == 2.1  # the async run stands on the cross-host seed
+    same = base[:3] + [row("broadcast_serial", 1, 2.1000001, "A"), base[4]]
+    rows, how = pooled_broadcast(pd.DataFrame(same), "c", 64)
+    assert sorted(rows.seed) == [0, 1] and "differ on seed(s) [1]" in how
