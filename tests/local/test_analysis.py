@@ -20,7 +20,6 @@ import pytest
 from scipy import stats
 
 from gradfidelity.claims.evidence import RECORD_SCHEMA
-from gradfidelity.errors import UserError
 from gradfidelity.claims.registry import interval_level
 from gradfidelity.claims.verify import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, judge, load_evidence, load_registry
 from gradfidelity.errors import UserError

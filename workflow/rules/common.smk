@@ -323,6 +323,11 @@ def stale_reason(path, now):
     return "; ".join(record_identity.differences(was, now)) or f"identity {was.get('hash')} -> {now['hash']}"
 
 
+def record_stands(path, now):
+    """The record `path` (a metrics.json) is there and stands for the job's identity `now`."""
+    return Path(REPO, path).is_file() and stale_reason(path, now) is None
+
+
 def unless_committed(rule, record, inputs, identity=None, records=None):
     """input function of each job that writes a run's record (a training cell, an LR-grid point, a bench):
     `inputs` (a path, list, dict or input function), as they are for a new cell; once the job's `record` (its output

@@ -88,15 +88,9 @@ LOCAL_MEMORY_IDENTITY = job_identity("local", "memory", LOCAL_RULES.job_cfg(conf
 # A paired job writes every method of its cell: a cell that already has some methods' standing records (made by another
 # group: one more main seed is a seed the power and control groups ran) would have them overwritten. Refused as the
 # workflow loads, naming the cells and the way out.
-def _local_record_stands(path, corpus):
-    """The record is there and stands for its job's identity now (common.smk: stale_reason)."""
-    if not Path(REPO, path).is_file():
-        return False
-    return stale_reason(path, LOCAL_TRAIN_IDENTITY(SimpleNamespace(corpus=corpus))) is None
-
-
 _LOCAL_PARTIAL = LOCAL_RULES.partial_cells(
-    LOCAL_PLAN.groups(LOCAL_CONFIG).values(), LOCAL_PLAN.run_pattern(RESULTS), _local_record_stands
+    LOCAL_PLAN.groups(LOCAL_CONFIG).values(), LOCAL_PLAN.run_pattern(RESULTS),
+    lambda path, corpus: record_stands(path, LOCAL_TRAIN_IDENTITY(SimpleNamespace(corpus=corpus))),
 )
 if _LOCAL_PARTIAL:
     raise UserError(

@@ -59,8 +59,7 @@ from gradfidelity.claims.verdict import NOT_MEASURED
 from gradfidelity.claims.verify import interval_verdict
 from gradfidelity.stats import equivalence_tost, noninferiority
 from gradfidelity.stats.power import decision_probability, seeds_to_decide
-from gradfidelity.studies.local.aggregate import (LABEL, Aligned, align, corpus_label, hosts_of, seed_wall_s,
-                                                  source_of)
+from gradfidelity.studies.local.aggregate import LABEL, Aligned, align, corpus_label, hosts_of, seed_wall_s, source_of
 from gradfidelity.studies.local.config import StudyConfig
 from gradfidelity.studies.local.stats import (
     CONTROL,
