@@ -240,49 +240,61 @@ def _runs_table_bpb() -> pd.Series:
     return runs.set_index("run_id").metric_val_bpb
 
 
-def test_committed_runs_c4_reads_inconclusive(committed):
-    """Recomputed from the runs table: async Broadcast where it ran, serial on the other seeds, against BP."""
+def test_committed_runs_c4_reads_not_reproduced(committed):
+    """Recomputed from the runs table: async Broadcast where it ran, serial on the other seeds, against BP. Round 6
+    ran the n the power table asked (118): the interval's upper end is below the 1% margin (non-inferior)."""
     bpb, root = _runs_table_bpb(), "results/cpu/local/python_docs/w64"
+    n = committed["C4"]["n"]
+    assert n == len([r for r in bpb.index if r.startswith(f"{root}/bp/seed")]) == 118
     gaps = []
-    for k in range(40):
+    for k in range(n):
         method = "broadcast_async" if f"{root}/broadcast_async/seed{k}" in bpb.index else "broadcast_serial"
         gaps.append(100 * (bpb[f"{root}/{method}/seed{k}"] - bpb[f"{root}/bp/seed{k}"]) / bpb[f"{root}/bp/seed{k}"])
     lo, hi = _ci(gaps, 0.90)
     rec = committed["C4"]
-    assert rec["n"] == 40 and math.isclose(rec["estimate"], np.mean(gaps), rel_tol=1e-9)
+    assert math.isclose(rec["estimate"], np.mean(gaps), rel_tol=1e-9)
     assert math.isclose(rec["low"], lo, rel_tol=1e-9) and math.isclose(rec["high"], hi, rel_tol=1e-9)
-    assert lo < 1.0 < hi and judge(ROWS["C4"], rec, True, "cpu")[0] == INCONCLUSIVE
+    assert 0 < lo and hi < 1.0 and judge(ROWS["C4"], rec, True, "cpu")[0] == NOT_REPRODUCED
     assert "old rule: " in rec["detail"] and "disjoint blocks of 5 seeds (seed order) fail it" in rec["detail"]
     # the n an 80% chance of a decision needs at the measured mean and sd: the interval's upper end below 1% (the
     # near side) or its lower end above it, each a noncentral t tail (scipy), summed
     mean, sd = np.mean(gaps), np.std(gaps, ddof=1)
 
-    def decided(n):
-        c, nc = stats.t.ppf(0.95, n - 1), (1.0 - mean) * math.sqrt(n) / sd
-        return stats.nct.sf(c, n - 1, nc) + stats.nct.cdf(-c, n - 1, nc)
-    need = next(n for n in range(2, 1000) if decided(n) >= 0.8)
-    assert f"{decided(40):.0%} at n 40; an 80% chance needs n {need} ({need - 40} more seeds" in rec["detail"]
+    def decided(m):
+        c, nc = stats.t.ppf(0.95, m - 1), (1.0 - mean) * math.sqrt(m) / sd
+        return stats.nct.sf(c, m - 1, nc) + stats.nct.cdf(-c, m - 1, nc)
+    need = next(m for m in range(2, 1000) if decided(m) >= 0.8)
+    assert f"{decided(n):.0%} at n {n}; an 80% chance needs n {need} ({need - n} more seeds" in rec["detail"]
     assert rec["power"]["wall_s_per_seed"] > 0 and rec["power"]["level"] == 0.9
 
 
 def test_committed_runs_c9_reads_reproduced(committed):
     bpb, root = _runs_table_bpb(), "results/cpu/local/python_docs/w64"
-    d = [bpb[f"{root}/rgc_serial/seed{k}"] - bpb[f"{root}/live_local/seed{k}"] for k in range(5)]
-    lo, hi = _ci(d, 0.90)
     rec = committed["C9"]
-    assert rec["n"] == 5 and math.isclose(rec["low"], lo, rel_tol=1e-9) and math.isclose(rec["high"], hi, rel_tol=1e-9)
+    assert rec["n"] == 13
+    d = [bpb[f"{root}/rgc_serial/seed{k}"] - bpb[f"{root}/live_local/seed{k}"] for k in range(rec["n"])]
+    lo, hi = _ci(d, 0.90)
+    assert math.isclose(rec["low"], lo, rel_tol=1e-9) and math.isclose(rec["high"], hi, rel_tol=1e-9)
     assert lo > 0.005 and judge(ROWS["C9"], rec, True, "cpu")[0] == REPRODUCED
 
 
 def test_committed_claims_cite_committed_files_and_name_their_hosts(committed):
+    """Every measured claim names its runs' host types: one named, or - where a contrast mixes host types - their
+    count, each of them, and that no drift between them is measured."""
     tracked = _tracked()
     for cid, rec in committed.items():
         jsonschema.validate(rec, RECORD_SCHEMA)
         assert "power" in rec and "hosts" in rec, cid
         for src in rec["sources"]:
             assert src in tracked or f"{src}/metrics.json" in tracked, f"{cid}: {src} is not committed"
-        if rec["estimate"] is not None:
-            assert rec["hosts"] and all(f"host type: {h}" in rec["detail"] for h in rec["hosts"]), cid
+        if rec["estimate"] is None:
+            continue
+        assert rec["hosts"], cid
+        if len(rec["hosts"]) == 1:
+            assert f"host type: {rec['hosts'][0]}" in rec["detail"], cid
+        else:
+            assert f"host types: {len(rec['hosts'])}, the contrast's runs mix them, and no drift" in rec["detail"], cid
+            assert all(h in rec["detail"] for h in rec["hosts"]), cid
 
 
 def test_the_width_figure_says_its_quality_panel_is_async_seeds_only(tmp_path, monkeypatch):
