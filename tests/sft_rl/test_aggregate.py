@@ -493,7 +493,8 @@ def test_main_table_shows_each_arms_start_gain_and_budget(tmp_path):
     assert {("fixed", "base"), ("both", "base")} <= set(table.index)
     assert table.loc[("fixed", "base"), "start"] == "-" and table.loc[("fixed", "base"), "lr"] == "-"
     assert table.loc[("fixed", "base"), "demo_tokens"] == "0"
-    assert table.loc[("fixed", "sft_then_rl"), "start"] == "sft" and table.loc[("fixed", "luffy"), "start"] == "base"
+    assert table.loc[("fixed", "sft_then_rl"), "start"] == "sft_start"
+    assert table.loc[("fixed", "luffy"), "start"] == "base"
     assert table.loc[("fixed", "luffy"), "lr"] == f"{LR:.3g}" and table.loc[("fixed", "sft"), "lr"] == "-"
     assert table.loc[("fixed", "luffy"), "demo_tokens"] == "30,000"
     assert table.loc[("fixed", "sft_then_rl"), "gen_tokens"] == "80,000"

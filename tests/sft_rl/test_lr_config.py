@@ -46,4 +46,4 @@ def test_grid_plan_covers_every_tuned_arm_and_starts_like_the_arm():
     runs = plan.grid_runs(cfg, "R")
     assert len(runs) == 3 * 2 and "R/m/lr_grid/luffy/lr0.0003/seed100/metrics.json" in runs
     assert plan.grid_init_dir(cfg, "R", "m", "sft_then_rl") == plan.run_dir("R", "m", "fixed", "sft", 100)
-    assert plan.grid_init_dir(cfg, "R", "m", "hpt") == plan.base_dir("R", "m")
+    assert plan.grid_init_dir(cfg, "R", "m", "hpt") == plan.base_dir("R", "m", 0)

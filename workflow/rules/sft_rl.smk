@@ -1,6 +1,6 @@
 # Study A part 2 (sft_rl, arXiv 2604.23747): SFT-then-RL vs mixed-policy methods on fixed and buggy infrastructure,
 # TRL SFTTrainer / GRPOTrainer on DeepSpeed ZeRO-2 + CPU optimizer offload.
-#   results/<scale>/sft_rl/<model>/base/seed0/                  base model (pretrained on task prompt -> completion pairs), shared
+#   results/<scale>/sft_rl/<model>/base/seed<b>/                base models (pretrained on task prompt -> completion pairs; base_seeds)
 #   results/<scale>/sft_rl/<model>/<variant>/sft/seed<k>/       SFT; ds_bug/both run under {DS0189_ENV}
 #   results/<scale>/sft_rl/<model>/<variant>/<method>/seed<k>/  rl, sft_then_rl, luffy, srft, relift, hpt (GRPO-based)
 #   results/<scale>/sft_rl/<model>/alignment/seed0/              micro-batch gradient Gram matrices (read by ds_audit A3)
@@ -24,7 +24,7 @@ SFT_RL_TABLES = sft_rl_plan.table_paths(TABLES)
 SFT_RL_FIGURES = sft_rl_plan.figure_paths(FIGURES)
 SFT_RL_SELECTION = sft_rl_plan.selection_path(SFT_RL_ROOT)
 SFT_RL_SELECTION_TABLE = sft_rl_plan.selection_table_paths(TABLES)
-_sft_rl_base_start = sft_rl_rules.base_start(SFT_RL_ROOT, is_committed)  # the base model's run, or its replay
+_sft_rl_base_start = sft_rl_rules.base_start(SFT_RL, SFT_RL_ROOT, is_committed)  # the base model's run, or its replay
 SFT_RL_LRS = " ".join(f"{lr:g}" for lr in SFT_RL.lr_selection.lrs)
 
 # The runs table lists every run: the shared base models, the planned runs and the LR grid of every round (the
@@ -50,6 +50,8 @@ SFT_RL_IDENTITY = {job: job_identity("sft_rl", job, sft_rl_rules.job_cfg(SFT_RL_
 
 
 rule sft_rl_base:
+    wildcard_constraints:
+        **sft_rl_rules.constraints("seed"),
     input:
         unless_committed("sft_rl_base", f"{SFT_RL_DIR['base']}/metrics.json", [],
                          identity=SFT_RL_IDENTITY["pretrain"]),
@@ -61,7 +63,7 @@ rule sft_rl_base:
         cell=cell_json,
         identity=identity_env(SFT_RL_IDENTITY["pretrain"]),
     log:
-        f"{SFT_RL_ROOT}/logs/{{model}}_base.log",
+        f"{SFT_RL_ROOT}/logs/{{model}}_base_seed{{seed}}.log",
     benchmark:
         f"{SFT_RL_DIR['base']}/benchmark.tsv"
     conda:
@@ -71,7 +73,7 @@ rule sft_rl_base:
         **rule_resources("sft_rl_base"),
     shell:
         "{params.identity}{params.gf} sft-rl-pretrain --cfg {params.cfg} --model {wildcards.model} "
-        "--run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
+        "--seed {wildcards.seed} --run-dir $(dirname {output}) --cell {params.cell} > {log} 2>&1"
 
 
 rule sft_rl_sft:
@@ -108,6 +110,8 @@ rule sft_rl_sft:
 # one (harness/records.py check: bit for bit on the same host type, within the measured drift elsewhere) before
 # anything trains on it. A mismatch fails the replay, naming both records; nothing committed is touched.
 rule sft_rl_replay_base:
+    wildcard_constraints:
+        **sft_rl_rules.constraints("seed"),
     input:
         record=f"{SFT_RL_DIR['base']}/metrics.json",
     output:
@@ -117,14 +121,15 @@ rule sft_rl_replay_base:
         cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "pretrain"),
         cell=cell_json,
     log:
-        f"{SFT_RL_ROOT}/logs/{{model}}_base_replay.log",
+        f"{SFT_RL_ROOT}/logs/{{model}}_base_seed{{seed}}_replay.log",
     conda:
         CONDA_ENV
     threads: SFT_RL.threads
     resources:
         **rule_resources("sft_rl_replay_base"),
     shell:
-        "{params.gf} sft-rl-pretrain --cfg {params.cfg} --model {wildcards.model} --run-dir $(dirname {output}) "
+        "{params.gf} sft-rl-pretrain --cfg {params.cfg} --model {wildcards.model} --seed {wildcards.seed} "
+        "--run-dir $(dirname {output}) "
         "--cell {params.cell} > {log} 2>&1 && {params.gf} check-record --committed {input.record} --fresh {output} "
         ">> {log} 2>&1"
 

@@ -14,8 +14,12 @@ its own rows, `budget` saying which. An RL-stage cell at a smaller budget reads 
 steps; the truncated SFT-then-RL at each budget reads the step `cfg.truncated_at(budget)`. SFT and base rows are
 the same at every budget (they have no RL stage), repeated so that each budget's rows pair by seed on their own.
 
-The shared base model is a row too (method `base`, run_variant `shared`, one per table variant and seed, FLOPs 0):
-every arm's start is a row of the same CSV (plan.start_method), so a gain over the start is a paired difference.
+The seed's base model is a row too (method `base`, run_variant `shared`, one per table variant and seed, FLOPs 0;
+`base_seed` names which base: plan.base_seed), and so is SFT-then-RL's start (method `sft_start`, the SFT run's
+`start` block: the SFT run at the step sft.start_every chose, with the SFT cost up to it; the SFT run's end where the
+run made no start): every arm's start is a row of the same CSV (plan.start_method), so a gain over the start is a
+paired difference. An SFT-then-RL run must have started where its SFT record says (`start_step`), else a loud error.
+`zero_adv_share`: an RL-stage row's mean share of GRPO groups with zero advantage (round 6, issue 59).
 
 Diverged runs keep their rows (status "diverged", empty metric cells): the tables count them, the claims drop
 their pairs and say so.
@@ -54,8 +58,10 @@ HISTORIES = ("reward_history", "loss_history", "zero_adv_history")
 COUNTS = ("flops", "demo_tokens", "gen_tokens")
 # host: the host type of the row's run (describe_host; empty where the aggregate was built without provenance);
 # wall_s: the run's own wall time in seconds (its metrics.json timing; a shared run's on every row that reads it)
+# base_seed: the base model the row's seed starts from; start_step: the SFT step an sft_start row (and the
+# SFT-then-RL rows started from it) stands at
 COLUMNS = ("model", "variant", "method", "seed", "budget", "run", "run_variant", "status", *ACC, *NLL, *COUNTS, "lr",
-           "rl_steps", *HISTORIES, "host", "wall_s", "started")
+           "rl_steps", *HISTORIES, "zero_adv_share", "base_seed", "start_step", "host", "wall_s", "started")
 BASE = "base"  # the method name of the shared base model's rows
 
 
@@ -95,6 +101,11 @@ def _cell(rec: dict, method: str, budget: int | None = None, cfg: StudyConfig | 
     try:
         if method == BASE:
             return {"status": "ok", **{k: float(m[k]) for k in ACC + NLL}, **{k: 0.0 for k in COUNTS}}
+        if method == plan.SFT_START:  # the SFT run at its start step, or its end where it made no start
+            start = m.get("start")
+            t = start or m
+            return {"status": "ok", **{k: float(t[k]) for k in ACC + NLL + list(COUNTS)},
+                    "start_step": int(start["step"]) if start else None}
         if method == "sft_then_rl_truncated":  # the first k steps of the sft_then_rl run
             t = m["truncated"] if full else _at(rec, cfg.truncated_at(budget))
             steps = int(t["rl_steps"])
@@ -109,6 +120,23 @@ def _cell(rec: dict, method: str, budget: int | None = None, cfg: StudyConfig | 
                 **{k: m.get(k) for k in HISTORIES}, **rl}
     except KeyError as exc:
         raise UserError(f"{rec['path']}: metrics lack {exc} (needed by the {method} cell)") from None
+
+
+def _zero_adv_share(cell: dict) -> dict:
+    """The row's mean zero-advantage share over its RL steps (its history as cut to the row's budget)."""
+    h = cell.get("zero_adv_history")
+    return {"zero_adv_share": float(np.mean(h)) if isinstance(h, list) and h else None}
+
+
+def _check_start(rec: dict, sft: dict | None) -> None:
+    """An SFT-then-RL run started where its SFT record's start says (its `start_step`: None for the SFT run's end)."""
+    if sft is None or sft["status"] != "ok" or rec["status"] != "ok":
+        return
+    want = (sft["metrics"].get("start") or {}).get("step")
+    got = rec["metrics"].get("start_step")
+    if want != got:
+        raise UserError(f"{rec['path']}: started at SFT step {got}, but its SFT run {sft['path']} records its start "
+                        f"at step {want}: the RL run was made from another SFT run; rerun it")
 
 
 def _run_facts(rec: dict, hosts: dict[str, str] | None, started: dict[str, str] | None = None) -> dict:
@@ -141,13 +169,14 @@ def collect(cfg: StudyConfig, records: list[dict], hosts: dict[str, str] | None 
     Every cell must find its run among the records (a missing run is an error naming it), and no run may appear
     twice. The base models (stage pretrain or base) give the `base` rows."""
     runs: dict[tuple, dict] = {}
-    bases: dict[str, dict] = {}
+    bases: dict[tuple[str, int], dict] = {}
     for rec in records:
         if _is_base(rec):
-            model = cell_of(rec)["model"]
-            if model in bases:
-                raise UserError(f"{rec['path']} and {bases[model]['path']}: two base models of {model}")
-            bases[model] = rec
+            cell = cell_of(rec)
+            key = (cell["model"], int(cell.get("seed", 0)))
+            if key in bases:
+                raise UserError(f"{rec['path']} and {bases[key]['path']}: two base models of {key[0]}, seed {key[1]}")
+            bases[key] = rec
             continue
         key = _identity(rec)
         if key in runs:
@@ -155,16 +184,28 @@ def collect(cfg: StudyConfig, records: list[dict], hosts: dict[str, str] | None 
         runs[key] = rec
     rows = []
     for model in (m.name for m in cfg.models):
-        if model not in bases:
-            raise UserError(f"missing run: the {model} base model is not among the aggregated runs (every arm's "
-                            "start); rerun the sft_rl rules")
+        for b in plan.used_bases(cfg):
+            if (model, b) not in bases:
+                raise UserError(f"missing run: the {model} base model of seed {b} is not among the aggregated runs "
+                                "(its seeds' start); rerun the sft_rl rules")
         for budget in cfg.budgets:
             for seed in cfg.seeds:
-                key = {"model": model, "seed": int(seed), "budget": budget}
+                b = plan.base_seed(cfg, seed)
+                key = {"model": model, "seed": int(seed), "budget": budget, "base_seed": b}
+                base = bases[(model, b)]
                 for variant in plan.table_variants(cfg):
-                    rows.append({**key, "variant": variant, "method": BASE, "run": bases[model]["run_dir"],
-                                 "run_variant": "shared", **_cell(bases[model], BASE),
-                                 **_run_facts(bases[model], hosts, started)})
+                    rows.append({**key, "variant": variant, "method": BASE, "run": base["run_dir"],
+                                 "run_variant": "shared", **_cell(base, BASE), **_run_facts(base, hosts, started)})
+                    if "sft_then_rl" in cfg.methods or "sft_then_rl_truncated" in cfg.methods:
+                        sft_variant = plan.stage_variant(cfg, variant, "sft")
+                        sft = runs.get((model, sft_variant, "sft", int(seed)))
+                        if sft is None:
+                            raise UserError(f"missing run: {model} {sft_variant}/sft seed {seed} (the {variant} "
+                                            "SFT-then-RL start) is not among the aggregated runs; rerun the sft_rl "
+                                            "rules")
+                        rows.append({**key, "variant": variant, "method": plan.SFT_START, "run": sft["run_dir"],
+                                     "run_variant": sft_variant, **_cell(sft, plan.SFT_START),
+                                     **_run_facts(sft, hosts, started)})
                 for variant, method in plan.table_cells(cfg):
                     run_variant, run_method = plan.cell_run(cfg, variant, method)
                     rec = runs.get((model, run_variant, run_method, int(seed)))
@@ -172,8 +213,15 @@ def collect(cfg: StudyConfig, records: list[dict], hosts: dict[str, str] | None 
                         raise UserError(f"missing run: {model} {run_variant}/{run_method} seed {seed} (the "
                                         f"{variant}/{method} cell) is not among the aggregated runs; rerun the "
                                         "sft_rl rules")
+                    if run_method == "sft_then_rl":
+                        _check_start(rec, runs.get((model, plan.stage_variant(cfg, variant, "sft"), "sft",
+                                                    int(seed))))
+                    cell = _cell(rec, method, budget, cfg)
+                    if run_method == "sft_then_rl" and cell["status"] == "ok":
+                        cell["start_step"] = rec["metrics"].get("start_step")
                     rows.append({**key, "variant": variant, "method": method, "run": rec["run_dir"],
-                                 "run_variant": run_variant, **_cell(rec, method, budget, cfg),
+                                 "run_variant": run_variant, **cell,
+                                 **(_zero_adv_share(cell) if method != "sft" else {}),
                                  **_run_facts(rec, hosts, started)})
     return pd.DataFrame(rows).reindex(columns=list(COLUMNS))
 

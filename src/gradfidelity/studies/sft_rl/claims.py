@@ -150,7 +150,7 @@ def _rl_stage(df: pd.DataFrame, model: str, variant: str,
     """`variant`'s SFT-then-RL against its own SFT start on `id` (paired) and its training reward rise (per seed the
     last fifth of the steps minus the first fifth, aggregate.fifth_rise), each with its interval at `level`: (acc,
     reward, notes, runs read)."""
-    s, start = _arm(df, model, variant, "sft_then_rl", "acc_id"), _arm(df, model, variant, "sft", "acc_id")
+    s, start = _arm(df, model, variant, "sft_then_rl", "acc_id"), _arm(df, model, variant, plan.SFT_START, "acc_id")
     p = _pair(s, start)
     acc = paired_difference(*p.values, level) if p.seeds else None
     g = df[(df.model == model) & (df.variant == variant) & (df.method == "sft_then_rl") & (df.status == "ok")]
@@ -172,13 +172,15 @@ def rl_gate(df: pd.DataFrame, model: str) -> tuple[dict, list[str]]:
     acc, rew, notes, sources = _rl_stage(df, model, "fixed", level)
     passed = _above_zero(acc) and _above_zero(rew)
     reason = _join(f"{'RL learns' if passed else 'RL does not learn at this scale'}: fixed sft_then_rl minus its "
-                   f"SFT start (fixed/sft) on acc_id {_ci(acc)}, RL training reward rise (mean of the last fifth of "
-                   f"the steps minus the first fifth) {_ci(rew, 3)}, each at level {level:g}, both must lie above 0",
+                   f"SFT start (fixed/{plan.SFT_START}) on acc_id {_ci(acc)}, RL training reward rise (mean of "
+                   f"the last fifth of the steps minus the first fifth) {_ci(rew, 3)}, each at level {level:g}, both "
+                   "must lie above 0",
                    notes)
     if len(df[(df.model == model) & (df.variant == "both") & (df.method == "sft_then_rl")]):
         b_acc, b_rew, b_notes, _ = _rl_stage(df, model, "both", level)
         reason = _join(reason, "beside it, a reading (not the gate): the `both` arm's RL stage, both/sft_then_rl "
-                       f"minus its SFT start (both/sft) on acc_id {_ci(b_acc)}, its reward rise {_ci(b_rew, 3)}",
+                       f"minus its SFT start (both/{plan.SFT_START}) on acc_id {_ci(b_acc)}, its reward rise "
+                       f"{_ci(b_rew, 3)}",
                        b_notes)
     return gate(RL_GATE, passed, reason), sources
 
@@ -189,7 +191,8 @@ def headroom_note(df: pd.DataFrame, model: str) -> str:
     starts at the ceiling has nothing to learn, so `rl_learns` cannot pass there)."""
     out = []
     for variant in plan.TABLE_VARIANTS:
-        p = _pair(_arm(df, model, variant, "sft_then_rl", "acc_id"), _arm(df, model, variant, "sft", "acc_id"))
+        p = _pair(_arm(df, model, variant, "sft_then_rl", "acc_id"),
+                  _arm(df, model, variant, plan.SFT_START, "acc_id"))
         if not p.seeds:
             continue
         end, start = p.values
@@ -248,7 +251,7 @@ def _arm(df: pd.DataFrame, model: str, variant: str, method: str, key: str = SCO
     g = df[(df.model == model) & (df.variant == variant) & (df.method == method)]
     arm = Arm(f"{variant}/{method}")
     upstream = {}
-    if plan.start_method(method) == "sft":  # the run carries its SFT start's host type too
+    if plan.start_method(method) == plan.SFT_START:  # the run carries its SFT start's host type too
         up = df[(df.model == model) & (df.variant == variant) & (df.method == "sft")]
         upstream = {int(r.seed): _host(getattr(r, "host", None)) for r in up.itertuples()}
     for r in g.itertuples():
@@ -565,7 +568,7 @@ class RunIndex:
             wall[r.run] = float(w) if w is not None and np.isfinite(float(w)) else None
             seed[r.run] = None if r.method == BASE else int(r.seed)
         sft = {(r.model, r.variant, int(r.seed)): r.run for r in df[df.method == "sft"].itertuples()}
-        for r in df[df.method.map(plan.start_method) == "sft"].itertuples():
+        for r in df[df.method.map(plan.start_method) == plan.SFT_START].itertuples():
             if (r.model, r.variant, int(r.seed)) in sft:
                 upstream[r.run] = sft[(r.model, r.variant, int(r.seed))]
         return cls(host, wall, seed, upstream)

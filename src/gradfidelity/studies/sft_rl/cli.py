@@ -24,7 +24,7 @@ def _cfg(args, job: str):
 def _pretrain(args) -> int:
     from gradfidelity.studies.sft_rl.train import run_pretrain
 
-    run_pretrain(_cfg(args, "pretrain"), args.model, Path(args.run_dir), cell=args.cell)
+    run_pretrain(_cfg(args, "pretrain"), args.model, Path(args.run_dir), seed=args.seed, cell=args.cell)
     return 0
 
 
@@ -153,6 +153,7 @@ def register(sub) -> None:
     p = sub.add_parser("sft-rl-pretrain", help="sft_rl: pretrain the tiny base model on unlabeled task text")
     p.add_argument("--cfg", required=True, help="the sft_rl sections the job reads, as JSON (rules.JOB_KEYS)")
     p.add_argument("--model", required=True)
+    p.add_argument("--seed", type=int, default=0, help="the pretraining seed (sft_rl.base_seeds)")
     add_run_args(p)
     p.set_defaults(func=_pretrain)
 

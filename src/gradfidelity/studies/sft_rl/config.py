@@ -100,6 +100,10 @@ class SFTConfig:
     warmup_ratio: float
     max_grad_norm: float
     weight_decay: float
+    # SFT-then-RL's start (issue 59): the last step, of 0, start_every, 2 start_every, ..., before val accuracy first
+    # exceeds start_max_val, so its RL stage has room to learn on every seed (0: the SFT run's end, as before)
+    start_every: int
+    start_max_val: float
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,7 @@ class StudyConfig:
 
     models: tuple[ModelConfig, ...] | None
     seeds: tuple[int, ...] | None
+    base_seeds: tuple[int, ...] | None  # the base models' pretraining seeds (plan.base_seed: which seed starts where)
     methods: tuple[str, ...] | None
     variants: tuple[str, ...] | None
     bug_stages: tuple[str, ...] | None

@@ -19,7 +19,7 @@ def write_figures(df: pd.DataFrame, cfg: StudyConfig, score_vs_flops: Path, rewa
     model = cfg.models[0].name
     fig, ax = new_figure(width=5.0, height=3.6)
     ax = ax[0][0]
-    colors = {m: f"C{i}" for i, m in enumerate(cfg.methods)}
+    colors = {m: f"C{i}" for i, m in enumerate([*cfg.methods, plan.SFT_START])}  # sft_start: SFT-then-RL's start
     # one line per arm through its RL budgets (the same runs read at each: FLOPs grow with the budget)
     per_budget = [summarise(at_budget(df, b)) for b in cfg.budgets]
     s_all = pd.concat([s.assign(budget=b) for s, b in zip(per_budget, cfg.budgets, strict=True)])

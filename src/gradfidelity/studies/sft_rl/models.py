@@ -78,6 +78,29 @@ def load_checkpoint(path: str | Path):
     return model, tok
 
 
+WEIGHTS = "model.safetensors"
+
+
+def weights_digest(path: str | Path) -> str:
+    """SHA-256 of a checkpoint's weights file: what a run records as `model_sha256`, so the model beside a record
+    (a committed base, an SFT start) is checked to be the one that record describes before anything trains on it."""
+    from gradfidelity.harness.integrity import sha256_file
+
+    f = Path(path) / WEIGHTS
+    if not f.is_file():
+        raise UserError(f"{path}: no {WEIGHTS}")
+    return sha256_file(f)
+
+
+def check_weights(path: str | Path, expected: str | None, record: str | Path) -> None:
+    """A loud error unless the weights at `path` have the digest `record` names (`expected`; a record made before
+    round 6 names none, and is trusted on its manifest alone)."""
+    if expected is not None and weights_digest(path) != expected:
+        raise UserError(f"{path}/{WEIGHTS}: SHA-256 {weights_digest(path)} is not the model_sha256 {expected} its "
+                        f"record {record} names: these weights were not made by that run. Restore them "
+                        "(git checkout for a committed base) or delete the run directory and rerun it")
+
+
 def save_checkpoint(model, tokenizer, path: str | Path) -> None:
     """A normal HF checkpoint (config.json, model.safetensors, tokenizer files) plus MANIFEST.sha256 (each file's
     size and hash, checked by `load_checkpoint`), written to a temp dir first and renamed, so a killed job never

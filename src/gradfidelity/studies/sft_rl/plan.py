@@ -4,8 +4,9 @@ Torch-free (the workflow calls it at parse time), on the typed config, so the ag
 the DAG produced. The path functions accept wildcard names ("{model}") as well, which makes them the rules' output
 patterns (rules.patterns): one layout, written once.
 
-Layout: results/sft_rl/<model>/base/seed0/                 the base model (one per model, shared by all)
-        results/sft_rl/<model>/<variant>/sft/seed<k>/      SFT on the variant's infrastructure
+Layout: results/sft_rl/<model>/base/seed<b>/                a base model (one per model and base seed b)
+        results/sft_rl/<model>/<variant>/sft/seed<k>/      SFT on the variant's infrastructure (start/: the
+                                                            SFT-then-RL start, sft.start_every)
         results/sft_rl/<model>/<variant>/<method>/seed<k>/ an RL-stage method (GRPO or mixed-policy)
         results/sft_rl/<model>/alignment/seed0/            micro-batch gradient Gram matrices (read by ds_audit's A3)
         results/sft_rl/<model>/lr_grid/<method>/lr<lr>/seed<s>/  an LR-selection run (selection seed s, fixed)
@@ -46,8 +47,21 @@ def rl_run_variant(cfg: StudyConfig, method: str, variant: str) -> str:
     return stage_variant(cfg, variant, "rl")
 
 
-def base_dir(root: str, model: str) -> str:
-    return f"{root}/{model}/base/seed0"
+def base_seed(cfg: StudyConfig, seed: int | str) -> int:
+    """The pretraining seed of the base model a seed starts from: base_seeds[seed mod len(base_seeds)], so the
+    seeds alternate between the bases and any n splits them evenly (round 6, issue 59: the base is one draw of its
+    own, a random effect, not a constant)."""
+    return cfg.base_seeds[int(seed) % len(cfg.base_seeds)]
+
+
+def base_dir(root: str, model: str, base: int | str) -> str:
+    """The base model pretrained with seed `base` (`base_seed`)."""
+    return f"{root}/{model}/base/seed{base}"
+
+
+def seed_base_dir(cfg: StudyConfig, root: str, model: str, seed: int | str) -> str:
+    """The base model an evaluation or selection seed starts from."""
+    return base_dir(root, model, base_seed(cfg, seed))
 
 
 def run_dir(root: str, model: str, variant: str, method: str, seed: int | str) -> str:
@@ -91,7 +105,7 @@ def grid_init_dir(cfg: StudyConfig, root: str, model: str, method: str) -> str:
     the selection seed, every other arm from the base model)."""
     if method == "sft_then_rl":
         return run_dir(root, model, "fixed", "sft", cfg.lr_selection.seed)
-    return base_dir(root, model)
+    return seed_base_dir(cfg, root, model, cfg.lr_selection.seed)
 
 
 def alignment_dir(root: str, model: str) -> str:
@@ -107,7 +121,7 @@ def init_dir(cfg: StudyConfig, root: str, model: str, variant: str, method: str,
     """Where an RL-stage run starts: the base model, or (sft_then_rl) the SFT run of the same seed."""
     if method == "sft_then_rl":
         return run_dir(root, model, stage_variant(cfg, variant, "sft"), "sft", seed)
-    return base_dir(root, model)
+    return seed_base_dir(cfg, root, model, seed)
 
 
 def cell_run(cfg: StudyConfig, variant: str, method: str) -> tuple[str, str]:
@@ -120,10 +134,14 @@ def cell_run(cfg: StudyConfig, variant: str, method: str) -> tuple[str, str]:
     return rl_run_variant(cfg, method, variant), method
 
 
+SFT_START = "sft_start"  # the table row of SFT-then-RL's start: the SFT run at its start step (sft.start_every)
+
+
 def start_method(method: str) -> str:
-    """The table row an arm starts from (same variant and seed): SFT-then-RL (and its truncation) from its SFT run,
-    every other arm (SFT, plain RL, the mixed-policy methods) from the shared base model (aggregate.BASE)."""
-    return "sft" if method in ("sft_then_rl", "sft_then_rl_truncated") else "base"
+    """The table row an arm starts from (same variant and seed): SFT-then-RL (and its truncation) from its SFT run's
+    start (SFT_START: the SFT run's end where sft.start_every is 0), every other arm (SFT, plain RL, the mixed-policy
+    methods) from the seed's base model (aggregate.BASE)."""
+    return SFT_START if method in ("sft_then_rl", "sft_then_rl_truncated") else "base"
 
 
 def cell_dir(cfg: StudyConfig, root: str, model: str, variant: str, method: str, seed: int) -> str:
@@ -160,9 +178,16 @@ def planned_runs(cfg: StudyConfig, root: str) -> list[str]:
     return sorted(f"{r}/metrics.json" for r in runs)
 
 
+def used_bases(cfg: StudyConfig) -> list[int]:
+    """The base seeds some evaluation seed or the LR selection's seed starts from (sorted)."""
+    seeds = list(cfg.seeds) + ([cfg.lr_selection.seed] if cfg.lr_selection is not None and cfg.lr_selection.enabled
+                               else [])
+    return sorted({base_seed(cfg, s) for s in seeds})
+
+
 def base_runs(cfg: StudyConfig, root: str) -> list[str]:
-    """metrics.json of every shared base model (one per model)."""
-    return [f"{base_dir(root, m.name)}/metrics.json" for m in cfg.models]
+    """metrics.json of every base model some seed starts from (per model and base seed)."""
+    return [f"{base_dir(root, m.name, b)}/metrics.json" for m in cfg.models for b in used_bases(cfg)]
 
 
 def bench_init_dir(cfg: StudyConfig, root: str) -> str:

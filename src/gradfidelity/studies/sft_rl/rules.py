@@ -28,11 +28,12 @@ JOB_KEYS = {
     # The analysis jobs: which cells exist (aggregate), what the notes and the constant-answer row say (tables),
     # what is drawn (figures), the claims' models, methods and constant-answer gate (claims).
     # `rl`: the RL budgets each reads (rl.eval_steps and rl.steps, round 5)
-    "aggregate": ("models", "seeds", "methods", "variants", "bug_stages", "rl"),
+    # base_seeds: which base model each seed's rows start from (round 6)
+    "aggregate": ("models", "seeds", "base_seeds", "methods", "variants", "bug_stages", "rl"),
     "tables": ("methods", "bug_stages", "task", "data", "sft", "rl", "deepspeed"),
     "figures": ("models", "methods", "variants", "rl"),
     "claims": ("models", "methods", "task", "data", "rl"),
-    "compare": ("models", "seeds", "methods", "variants", "bug_stages", "rl", "compare_with"),
+    "compare": ("models", "seeds", "base_seeds", "methods", "variants", "bug_stages", "rl", "compare_with"),
 }
 
 # Wildcard constraints of the training rules (a `base`, `alignment` or `lr_grid` directory never reads as a variant).
@@ -47,7 +48,7 @@ def constraints(*names: str) -> dict[str, str]:
 
 def patterns(root: str) -> dict[str, str]:
     """The run directory of each training rule as a Snakemake pattern: the plan's layout with wildcards."""
-    return {"base": plan.base_dir(root, "{model}"),
+    return {"base": plan.base_dir(root, "{model}", "{seed}"),
             "sft": plan.run_dir(root, "{model}", "{variant}", "sft", "{seed}"),
             "rl": plan.run_dir(root, "{model}", "{variant}", "{method}", "{seed}"),
             "alignment": plan.alignment_dir(root, "{model}"),
@@ -67,14 +68,20 @@ def start_identity(section: dict, job: str):
     from gradfidelity.harness.identity import job_identity
 
     base = job_identity("sft_rl", "pretrain", job_section(section, "pretrain"))["hash"]
-    sft = job_identity("sft_rl", "sft", job_section(section, "sft"), {"start": base})["hash"]
+    bases = section.get("base_seeds") or [0]
+
+    def _base_seed(wildcards) -> int:  # plan.base_seed on the section: which base the job's seed starts from
+        seed = int(wildcards.seed) if "seed" in wildcards.keys() else 0
+        return bases[seed % len(bases)]
 
     def _data(wildcards) -> dict:
         if job == "pretrain":
             return {}
-        if job in ("sft", "alignment"):
-            return {"start": base}
-        return {"start": sft if wildcards.method == "sft_then_rl" else base}
+        start = {"start": base, "base_seed": _base_seed(wildcards)}
+        if job in ("sft", "alignment") or wildcards.method != "sft_then_rl":
+            return start
+        sft = job_identity("sft_rl", "sft", job_section(section, "sft"), start)["hash"]
+        return {"start": sft, "base_seed": start["base_seed"]}
 
     return _data
 
@@ -123,10 +130,12 @@ def start_of(run_dir: str, committed: Callable[[str], bool] = _nothing_committed
     return f"{run_dir}/metrics.json"
 
 
-def base_start(root: str, committed: Callable[[str], bool] = _nothing_committed):
-    """input function of the jobs that start from the base model (SFT, alignment, the base's replays)."""
+def base_start(cfg: StudyConfig, root: str, committed: Callable[[str], bool] = _nothing_committed):
+    """input function of the jobs that start from a base model (SFT and its replay: the base of their seed,
+    plan.base_seed; the alignment probe, which has no seed wildcard: seed 0's)."""
     def start(wildcards) -> str:
-        return start_of(plan.base_dir(root, wildcards.model), committed)
+        seed = wildcards.seed if "seed" in wildcards.keys() else 0
+        return start_of(plan.seed_base_dir(cfg, root, wildcards.model, seed), committed)
     return start
 
 

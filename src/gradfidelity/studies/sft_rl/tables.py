@@ -100,7 +100,7 @@ def main_rows(summary: pd.DataFrame, cfg: StudyConfig, intervals: dict[str, dict
     """The main table's rows at one budget: `summary` (aggregate.summarise) of that budget's rows, `intervals`
     {"macro", "id", "nll_id"}: `macro_intervals` of them, `arms`: their `arm_columns`."""
     s = summary[summary.variant.isin(plan.TABLE_VARIANTS)].copy()
-    order = {BASE: -1, **{m: i for i, m in enumerate(cfg.methods)}}
+    order = {BASE: -2, plan.SFT_START: -1, **{m: i for i, m in enumerate(cfg.methods)}}
     s = s.sort_values(["model", "variant", "method"], key=lambda c: c.map(order) if c.name == "method" else c)
     out = s[["model", "variant", "method", "n_seeds", "n_diverged", "run_variant"]].copy()
     keys = list(zip(s.model, s.variant, s.method, strict=True))

@@ -24,7 +24,7 @@ from gradfidelity.errors import UserError
 from gradfidelity.harness import Run
 from gradfidelity.harness.io import read_json
 from gradfidelity.studies.sft_rl import infra, models, paper
-from gradfidelity.studies.sft_rl.callbacks import EvalAtSteps, HarnessCallback, barrier, resume
+from gradfidelity.studies.sft_rl.callbacks import EvalAtSteps, HarnessCallback, StartCheckpoint, barrier, resume
 from gradfidelity.studies.sft_rl.config import StudyConfig
 from gradfidelity.studies.sft_rl.evaluate import checker, evaluate_all, evaluate_val, fact_accuracy
 from gradfidelity.studies.sft_rl.flops import flops, summed_over_ranks
@@ -125,6 +125,7 @@ def _finish(run: Run, model, tok, out: Path, metrics: dict, timing: dict) -> Non
     process group down while rank 0 still evaluates or writes."""
     if run.primary:
         models.save_checkpoint(model, tok, out / "model")
+        metrics["model_sha256"] = models.weights_digest(out / "model")
     run.finish(metrics, timing=timing)
     barrier()
 
@@ -185,6 +186,8 @@ def run_sft(cfg: StudyConfig, model_name: str, variant: str, seed: int, base: Pa
     version = infra.check_deepspeed_version(inf, cfg.deepspeed)
     infra.process_env(version)
     run_cfg = {"stage": "sft", "model": model_name, "variant": variant, "infra": inf.variant, **cfg.record()}
+    base_record = read_json(base / "metrics.json")
+    models.check_weights(base / "model", base_record.get("metrics", {}).get("model_sha256"), base / "metrics.json")
     with Run(out, study=STUDY, config=run_cfg, seed=seed, threads=cfg.threads,
              cell={**(cell or {}), "stage": "sft"}) as run:
         no_memory_fill()
@@ -192,12 +195,19 @@ def run_sft(cfg: StudyConfig, model_name: str, variant: str, seed: int, base: Pa
         data = Dataset.from_list([{"prompt": p.prompt, "completion": p.solution} for p in train_problems(cfg)])
         kwargs = {**sft_args(cfg, out, seed), **(overrides or {})}
         ref: list = []
+        probe = bool(overrides and overrides.get("max_steps") == 1)
+        start = None if probe or not cfg.sft.start_every else _start_callback(cfg, run, ref, tok, out)
+        callbacks = ([HarnessCallback(run, ref, lambda: {"start": start.state()}), start] if start is not None
+                     else [HarnessCallback(run, ref)])
         trainer = GFSFTTrainer(model=model, args=SFTConfig(**kwargs), train_dataset=data, processing_class=tok,
-                               callbacks=[HarnessCallback(run, ref)], per_micro_mean=inf.per_micro_mean)
+                               callbacks=callbacks, per_micro_mean=inf.per_micro_mean)
         ref.append(trainer)
         trainer.recorded_inputs = record
         before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
-        trainer.train(resume_from_checkpoint=resume(trainer, out / "trainer", run)[0])
+        ckpt, saved = resume(trainer, out / "trainer", run)
+        if start is not None:
+            start.restore(saved.get("start"))
+        trainer.train(resume_from_checkpoint=ckpt)
         p = models.n_params(trainer.model)
         (train_tokens,) = summed_over_ranks(trainer.tokens.train)
         metrics = {"stage": "sft", "method": "sft", "model": model_name, "variant": variant,
@@ -208,13 +218,57 @@ def run_sft(cfg: StudyConfig, model_name: str, variant: str, seed: int, base: Pa
                    "demo_tokens": summed_over_ranks(trainer.tokens.demo)[0],
                    "flops": flops(p, train_tokens, 0), "loss_history": _history(trainer, "loss"),
                    "grad_norm_history": _history(trainer, "grad_norm")}
-        if overrides and overrides.get("max_steps") == 1:  # the probe: the exact update, no evaluation
+        if probe:  # the probe: the exact update, no evaluation
             delta = {k: (v.detach() - before[k]).tolist() for k, v in trainer.model.named_parameters()}
             metrics["delta"] = delta
         elif run.primary:
             metrics.update(evaluate_all(trainer.model, tok, cfg))
+            if start is not None:
+                metrics.update(_start_metrics(cfg, start, out, p))
         _finish(run, trainer.model, tok, out, metrics, {})
         return metrics
+
+
+START = "start"  # <sft run>/start/: the SFT-then-RL start's weights (sft.start_every)
+
+
+def _start_callback(cfg: StudyConfig, run: Run, ref: list, tok, out: Path) -> StartCheckpoint:
+    """The SFT-then-RL start rule inside an SFT run (callbacks.StartCheckpoint; `ref[0]` the trainer, for its token
+    counts): rank 0 scores val and saves; with several ranks the score is sent to every rank so that all take the
+    same decision."""
+    def score(model, step):
+        train_k, demo_k = summed_over_ranks(ref[0].tokens.train, ref[0].tokens.demo)
+        acc = evaluate_val(model, tok, cfg)["acc_val"] if run.primary else None
+        if run.world_size > 1:
+            box = [acc]
+            torch.distributed.broadcast_object_list(box, src=0)
+            acc = box[0]
+        return {"acc_val": acc, "train_tokens": train_k, "demo_tokens": demo_k}
+
+    def save(model, step):
+        if not run.primary:
+            return None
+        models.save_checkpoint(model, tok, out / START)
+        return models.weights_digest(out / START)
+
+    return StartCheckpoint(cfg.sft.start_every, cfg.sft.start_max_val, score, save)
+
+
+def _start_metrics(cfg: StudyConfig, start: StartCheckpoint, out: Path, n_params: int) -> dict:
+    """The start block of an SFT record: its step, its val score and what it cost (tokens, FLOPs), every score made
+    on the way, and the start model evaluated on every set (the SFT-then-RL row's start, a paired reading); the
+    weights on disk checked against the digest taken when they were saved."""
+    step = start.check()
+    at = start.results[str(step)]
+    models.check_weights(out / START, at["model_sha256"], out / "metrics.json")
+    model, tok = models.load_checkpoint(out / START)
+    block = {**evaluate_all(model, tok, cfg), "step": step, "acc_val": at["acc_val"],
+             "train_tokens": at["train_tokens"], "demo_tokens": at["demo_tokens"], "gen_tokens": 0,
+             "flops": flops(n_params, at["train_tokens"], 0), "model_sha256": at["model_sha256"],
+             "every": cfg.sft.start_every, "max_val": cfg.sft.start_max_val,
+             "val_history": {k: v["acc_val"] for k, v in start.results.items()}}
+    # scalars for the runs table beside the block
+    return {"start": block, "start_step": step, "start_acc_val": at["acc_val"], "start_acc_id": block["acc_id"]}
 
 
 # ----------------------------------------------------------------------------- RL stage
@@ -247,6 +301,14 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
     upstream = init_metrics["metrics"] if method == "sft_then_rl" else {}
     if upstream and "demo_tokens" not in upstream:
         raise UserError(f"{init}/metrics.json: the SFT run records no demo_tokens (made by older code; rerun it)")
+    # SFT-then-RL starts from its SFT run's start where the run made one (sft.start_every), else from its end; the
+    # upstream cost is the SFT run's up to that point. Either way the weights are checked against the record.
+    start_block = upstream.get("start") if upstream else None
+    init_model = init / (START if start_block else "model")
+    models.check_weights(init_model, (start_block or init_metrics.get("metrics", {})).get("model_sha256"),
+                         init / "metrics.json")
+    if start_block:
+        upstream = start_block
     upstream_flops = upstream["flops"] if upstream else 0.0
     upstream_demo = upstream["demo_tokens"] if upstream else 0
     selection_run = lr is not None  # an LR-grid run: scored on val alone, never on the eval sets
@@ -256,7 +318,7 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
     with Run(out, study=STUDY, config=run_cfg, seed=seed, threads=cfg.threads,
              cell={**(cell or {}), "stage": "rl"}) as run:
         no_memory_fill()
-        model, tok = models.load_checkpoint(init / "model")
+        model, tok = models.load_checkpoint(init_model)
         data = Dataset.from_list([{"prompt": p.prompt, "solution": p.solution, "answer": p.answer}
                                   for p in rl_problems(cfg)])
         loss_type = "bnpo" if inf.per_micro_mean else cfg.rl.loss_type
@@ -296,8 +358,13 @@ def run_rl(cfg: StudyConfig, model_name: str, variant: str, method: str, seed: i
                    "flops": upstream_flops + flops(p, train_tokens, gen_tokens),
                    "upstream_flops": upstream_flops,
                    "reward_history": _history(trainer, "reward"), "loss_history": _history(trainer, "loss"),
-                   # per step, the fraction of GRPO groups whose rollouts all got one reward (zero advantage)
+                   # per step, the fraction of GRPO groups whose rollouts all got one reward (zero advantage), and
+                   # its mean over the run (the runs table's zero_adv_share: how much of the stage had no signal)
                    "zero_adv_history": _history(trainer, "frac_reward_zero_std")}
+        metrics["zero_adv_share"] = (sum(metrics["zero_adv_history"]) / len(metrics["zero_adv_history"])
+                                     if metrics["zero_adv_history"] else None)
+        if method == "sft_then_rl":  # the SFT step it started from (None: the SFT run's end)
+            metrics["start_step"] = start_block["step"] if start_block else None
         if run.primary:
             metrics.update(evaluate_val(trainer.model, tok, cfg) if selection_run else
                            evaluate_all(trainer.model, tok, cfg))
