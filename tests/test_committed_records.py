@@ -62,13 +62,16 @@ def test_a_clean_clone_plans_no_training_job(clone, pending, committed):
 
 
 def test_one_more_seed_plans_that_seeds_runs_their_start_and_the_aggregation(clone, pending):
-    jobs = _plan(clone, "--config", "scale=cpu", 'sft_rl={"seeds": [0, 1, 2, 3, 4, 5, 6, 7, 8]}')
+    """Study A's base models are committed with their weights (round 6, issue 59): one more seed trains on the
+    committed base of its seed (18 -> base 0) with no replay and no pretraining, on any host type."""
+    seeds = list(range(19))
+    jobs = _plan(clone, "--config", "scale=cpu", f'sft_rl={{"seeds": {seeds}}}')
     runs = [r for r in _runs(jobs) if r not in pending]
-    assert runs and all("/seed8/" in r or "/replay/" in r for r in runs), runs
-    # the 4 SFT variants and the 6 RL-stage arms of seed 8, and the base model's replay (its model is not committed)
-    assert sum("/seed8/" in r for r in runs) == 10
-    assert [r for r in runs if "/replay/" in r] == ["results/cpu/sft_rl/tiny-qwen2/base/seed0/replay/metrics.json"]
+    assert runs and all("/seed18/" in r for r in runs), runs
+    # the 4 SFT variants and the 6 RL-stage arms of seed 18, nothing upstream: the base is there, as committed
+    assert sum("/seed18/" in r for r in runs) == 10
     rules = {job.rule for job in jobs}
+    assert not rules & {"sft_rl_base", "sft_rl_replay_base"}, rules
     assert {"sft_rl_aggregate", "sft_rl_tables", "sft_rl_claims", "verify"} <= rules
     assert not any(r.startswith(("results/cpu/async_pp/", "results/cpu/local/")) for r in runs)
 

@@ -38,6 +38,9 @@ def _noise(variant: str, method: str, seed: int) -> float:
     return (zlib.crc32(f"{variant}/{method}/{seed}".encode()) % 17 - 8) * 0.1 + 0.011 * seed * len(variant + method)
 
 
+ACC_KEYS = ("acc_id", "acc_long", "acc_ood", "acc_macro", "nll_id", "nll_macro")
+
+
 def _cfg(seeds, methods=None) -> StudyConfig:
     return make_cfg({"seeds": list(seeds), "methods": methods or METHODS, "bug_stages": ["sft"], "task": TASK})
 
@@ -54,12 +57,15 @@ def _ramp(start: float, end: float, seed: int) -> list[float]:
 
 
 def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE, sets=None, alias=None, reward=None,
-               tokens=None) -> list[str]:
+               tokens=None, start=None, base_acc=None) -> list[str]:
     """Every planned run's metrics.json as the harness writes it, with its plan cell (the rule's wildcards and the
     stage the runner ran), then the base model's; `diverged` = {(variant, method, seed)}; `sets`: {(variant, method)
     or "*": {"long": x, "ood": y}}, the long and ood accuracy instead of the `id` one; `alias`: {(variant, method):
     (variant, method)}, a run whose accuracies (noise included) are another run's; `reward`: {(variant, method):
-    (first, last)}; `tokens`: {method: (demo, gen)}."""
+    (first, last)}; `tokens`: {method: (demo, gen)}; `start`: {seed: (step, drop)}, the SFT runs of that seed record
+    an SFT-then-RL start (sft.start_every) at `step` whose accuracies are the run's minus `drop`, and its SFT-then-RL
+    runs say they started there; `base_acc`: {base seed: acc_id of that base model} (default BASE_ACC)."""
+    start, base_acc = start or {}, base_acc or {}
     acc, flops, tokens = {**HOLDS, **(acc or {})}, {**FLOPS, **(flops or {})}, {**TOKENS, **(tokens or {})}
     sets, alias, reward = sets or {}, alias or {}, reward or {}
 
@@ -80,6 +86,13 @@ def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE, sets=N
             if method != "sft":
                 m.update(lr=LR, reward_history=_ramp(*reward.get((variant, method), REWARD), seed),
                          zero_adv_history=_ramp(0.5, 0.7, 0), loss_history=_ramp(1.0, 0.5, 0))
+            if method == "sft" and seed in start:
+                step, drop = start[seed]
+                at = {k: v - drop if k.startswith("acc_") else v for k, v in m.items() if k in ACC_KEYS}
+                m["start"] = {**at, "step": step, "flops": m["flops"] * step / 200, "demo_tokens": demo // 2,
+                              "gen_tokens": 0, "acc_val": at["acc_id"]}
+            if method == "sft_then_rl" and seed in start:
+                m["start_step"] = start[seed][0]
             if method == "sft_then_rl":
                 t = (variant, "sft_then_rl_truncated")
                 demo, gen = tokens["sft_then_rl_truncated"]
@@ -92,11 +105,12 @@ def write_runs(root, cfg, acc=None, diverged=(), flops=None, scale=SCALE, sets=N
         atomic_write_json(path, {**rec, "study": "sft_rl", "scale": scale, "seed": seed, "threads": 1,
                                  "cell": cell, "timing": {}})
     bases = plan.base_runs(cfg, str(root))
-    for path, model in zip(bases, (m.name for m in cfg.models), strict=True):
-        m = _accs(BASE_ACC, 0.0, **sets.get("*", {}))
-        atomic_write_json(path, {"status": "ok", "metrics": m, "study": "sft_rl", "scale": scale, "seed": 0,
-                                 "threads": 1, "cell": {"study": "sft_rl", "model": model, "stage": "pretrain"},
-                                 "timing": {}})
+    for path in bases:
+        model, b = path.split("/")[-4], int(path.split("/")[-2].removeprefix("seed"))
+        m = _accs(base_acc.get(b, BASE_ACC), 0.0, **sets.get("*", {}))
+        atomic_write_json(path, {"status": "ok", "metrics": m, "study": "sft_rl", "scale": scale, "seed": b,
+                                 "threads": 1, "cell": {"study": "sft_rl", "model": model, "seed": str(b),
+                                                        "stage": "pretrain"}, "timing": {}})
     return paths + bases
 
 

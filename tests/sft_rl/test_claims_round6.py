@@ -183,7 +183,7 @@ def test_every_claim_lists_its_host_types_and_a_contrast_across_two_says_so(tmp_
     t = _tables(tmp_path)
     write_tables(df, cfg, *t["main"], *t["ablation"])
     main = t["main"][1].read_text()
-    assert "the runs come from 2 host types" in main and f"{amd_text}: both/sft, ds_bug/sft" in main
+    assert "the runs come from 2 host types" in main and f"{amd_text}: both/sft, both/sft_start, ds_bug/sft" in main
 
 
 def test_a_run_without_its_provenance_is_refused_by_the_aggregate(tmp_path):
@@ -246,11 +246,13 @@ def test_rl_learns_shows_the_both_arms_rl_stage_and_the_failing_claims_show_each
     cfg, _, df, values = _world(tmp_path, alias={("fixed", "sft_then_rl"): ("fixed", "sft")})
     reason = values["A7"]["gates"][1]["reason"]
     assert values["A7"]["gates"][1]["name"] == claims_mod.RL_GATE and not values["A7"]["gates"][1]["passed"]
-    gain = _per_seed(df, "both", "sft_then_rl", "acc_id") - _per_seed(df, "both", "sft", "acc_id")
+    # the start rows (sft_start): these runs made no start block, so the start is the SFT run's end
+    assert (_per_seed(df, "both", "sft_start", "acc_id") == _per_seed(df, "both", "sft", "acc_id")).all()
+    gain = _per_seed(df, "both", "sft_then_rl", "acc_id") - _per_seed(df, "both", "sft_start", "acc_id")
     ci = stats.ttest_1samp(gain, 0.0).confidence_interval(0.95)
     assert (f"beside it, a reading (not the gate): the `both` arm's RL stage, both/sft_then_rl minus its SFT start "
-            f"(both/sft) on acc_id {gain.mean():+.2f} [{ci.low:+.2f}, {ci.high:+.2f}] (n=3), its reward rise +0.") \
-        in reason, reason
+            f"(both/sft_start) on acc_id {gain.mean():+.2f} [{ci.low:+.2f}, {ci.high:+.2f}] (n=3), its reward "
+            "rise +0.") in reason, reason
     start = _per_seed(df, "fixed", "sft", "acc_id")
     per = ", ".join(f"seed {s} {100 - x:.1f} / +0.0" for s, x in zip(SEEDS, start, strict=True))
     for cid in claims_mod.RL_CLAIMS:

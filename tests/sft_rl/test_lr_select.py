@@ -194,3 +194,18 @@ def test_the_selection_reads_each_arm_against_its_start_and_says_when_the_gain_i
     assert eval_noise(50.0, 50.0, 100) > eval_noise(50.0, 50.0, 400)  # more problems, less noise
     with pytest.raises(UserError, match="--n-val"):
         select(paths, "cpu", BASE, starts)
+
+
+def test_sft_then_rls_start_is_read_at_the_sft_runs_start_not_its_end(runs, tmp_path):
+    """Round 6 (issue 59): the SFT-then-RL grid trains from the selection seed's SFT start, so its gain is read
+    against that start's val accuracy (67.2 here), not the SFT run's end (98.4)."""
+    paths = [_run(runs, lr, acc, "sft_then_rl") for lr, acc in zip(BASE, (80.0, 92.2, 88.2), strict=True)]
+    d = tmp_path / "sft"
+    atomic_write_json(d / "metrics.json", {"status": "ok", "metrics": {"acc_val": 98.4, "start": {"acc_val": 67.2,
+                                                                                                   "step": 110}},
+                                           "study": "sft_rl", "scale": "cpu", "seed": 100, "threads": 1, "cell": {},
+                                           "timing": {}})
+    doc = write_selection(paths, "cpu", str(tmp_path / "sel.json"), BASE, starts={"tiny/sft_then_rl": str(
+        d / "metrics.json")}, n_val=500)
+    c = _choice(doc, "sft_then_rl")
+    assert c["start_acc_val"] == 67.2 and c["gain"] == pytest.approx(92.2 - 67.2) and not c["within_noise"]

@@ -24,6 +24,7 @@ SFT_RL_TABLES = sft_rl_plan.table_paths(TABLES)
 SFT_RL_FIGURES = sft_rl_plan.figure_paths(FIGURES)
 SFT_RL_SELECTION = sft_rl_plan.selection_path(SFT_RL_ROOT)
 SFT_RL_SELECTION_TABLE = sft_rl_plan.selection_table_paths(TABLES)
+SFT_RL_STARTS = sft_rl_plan.starts_paths(TABLES)
 _sft_rl_base_start = sft_rl_rules.base_start(SFT_RL, SFT_RL_ROOT, is_committed)  # the base model's run, or its replay
 SFT_RL_LRS = " ".join(f"{lr:g}" for lr in SFT_RL.lr_selection.lrs)
 
@@ -31,7 +32,7 @@ SFT_RL_LRS = " ".join(f"{lr:g}" for lr in SFT_RL.lr_selection.lrs)
 # aggregate reads the base models and the planned runs).
 STUDY_RUNS["sft_rl"] = sft_rl_rules.study_runs(SFT_RL, SFT_RL_ROOT, checkpoints, SFT_RL_BASE_RUNS + SFT_RL_RUNS)
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/sft_rl.json")
-REPORT_TARGETS.extend(list(SFT_RL_TABLES.values()) + list(SFT_RL_FIGURES.values()))
+REPORT_TARGETS.extend(list(SFT_RL_TABLES.values()) + list(SFT_RL_FIGURES.values()) + list(SFT_RL_STARTS.values()))
 if SFT_RL.lr_selection.enabled:
     REPORT_TARGETS.append(SFT_RL_SELECTION_TABLE["md"])
 # Round 5: each run at an earlier budget against the earlier records of its cell (compare_with, earlier.py)
@@ -351,6 +352,29 @@ rule sft_rl_tables:
     shell:
         "{params.gf} sft-rl-tables --cfg {params.cfg} --aggregate {input} --main-csv {output.main_csv} "
         "--main-md {output.main_md} --abl-csv {output.abl_csv} --abl-md {output.abl_md} > {log} 2>&1"
+
+
+# SFT-then-RL's start per seed (round 6, issue 59): the start rule's step, val and id accuracy, headroom and the RL
+# stage's gain, and whether every seed starts at least 20 id points below the ceiling
+rule sft_rl_starts:
+    input:
+        f"{SFT_RL_ROOT}/aggregate.csv",
+    output:
+        csv=SFT_RL_STARTS["csv"],
+        md=report(SFT_RL_STARTS["md"], category="sft_rl"),
+    params:
+        gf=GF,
+        cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "tables"),
+    log:
+        f"{SFT_RL_ROOT}/logs/starts.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        **rule_resources("sft_rl_starts"),
+    shell:
+        "{params.gf} sft-rl-starts --cfg {params.cfg} --aggregate {input} --csv {output.csv} --md {output.md} "
+        "> {log} 2>&1"
 
 
 rule sft_rl_figures:

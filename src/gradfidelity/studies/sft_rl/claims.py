@@ -240,6 +240,7 @@ class Arm:
     runs: dict[int, str] = field(default_factory=dict)
     diverged: dict[int, str] = field(default_factory=dict)
     hosts: dict[int, set[str]] = field(default_factory=dict)
+    bases: dict[int, int] = field(default_factory=dict)  # seed -> the base model's seed it started from
 
 
 def _host(value) -> str:
@@ -258,6 +259,9 @@ def _arm(df: pd.DataFrame, model: str, variant: str, method: str, key: str = SCO
         seed = int(r.seed)
         arm.runs[seed] = r.run
         arm.hosts[seed] = {_host(getattr(r, "host", None))} | ({upstream[seed]} if seed in upstream else set())
+        base = getattr(r, "base_seed", None)
+        if base is not None and not pd.isna(base):
+            arm.bases[seed] = int(base)
         if r.status == "ok":
             arm.values[seed] = float(getattr(r, key))
         else:
@@ -304,6 +308,31 @@ def _pair(*arms: Arm) -> Paired:
     return Paired(seeds, [np.array([a.values[s] for s in seeds]) for a in arms], len(bad), note, sources)
 
 
+def base_note(seeds: list[int], values, *arms: Arm, level: float = 0.95) -> str:
+    """The base model as a random effect (issue 59), a reading: where the seeds start from two or more committed
+    bases (each with 2+ seeds), the deciding statistic's mean per base and the difference of the last base's mean
+    from the first's with its Welch interval (scipy). The claim's own interval pools the seeds of every base as one
+    sample, so it carries the bases' spread only as far as their seeds sample it: two bases cannot estimate the base's
+    own variance apart from the seeds', which this reading makes visible instead. '' with one base."""
+    bases = {}
+    for a in arms:
+        bases.update(a.bases)
+    groups: dict[int, list[float]] = {}
+    for seed, v in zip(seeds, np.asarray(values, dtype=float), strict=True):
+        if seed in bases:
+            groups.setdefault(bases[seed], []).append(float(v))
+    if len(groups) < 2 or min(map(len, groups.values())) < 2:
+        return ""
+    first, last = min(groups), max(groups)
+    test = stats.ttest_ind(groups[last], groups[first], equal_var=False)
+    ci = test.confidence_interval(level)
+    per = ", ".join(f"base {b} {np.mean(v):+.2f} (n {len(v)})" for b, v in sorted(groups.items()))
+    return (f"base to base (a reading, the base a random effect): per base {per}; base {last} - base {first} "
+            f"{np.mean(groups[last]) - np.mean(groups[first]):+.2f} [{ci.low:+.2f}, {ci.high:+.2f}] (Welch, "
+            f"{level:.0%}); the interval above pools the seeds of the {len(groups)} bases as one sample, so it "
+            "holds the bases' spread only as far as their seeds sample it")
+
+
 def _join(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 
@@ -334,7 +363,8 @@ def _difference(cid: str, a: Arm, b: Arm, what: str, *, gates, sources) -> dict:
     p = _pair(a, b)
     detail = _join(f"{what}, paired over seeds {p.seeds}: {a.label} mean "
                    f"{p.values[0].mean() if p.seeds else math.nan:.2f} - {b.label} mean "
-                   f"{p.values[1].mean() if p.seeds else math.nan:.2f}", p.note)
+                   f"{p.values[1].mean() if p.seeds else math.nan:.2f}", p.note,
+                   base_note(p.seeds, p.values[0] - p.values[1], a, b, level=level_for(cid)) if p.seeds else "")
     if not p.seeds:
         return not_measured(_join("no seed with both runs finished", detail), gates=gates,
                             sources=p.sources + sources, diverged=p.diverged)
@@ -515,7 +545,8 @@ def _a6(fixed: Arm, ds_bug: Arm, agg_bug: Arm, gates: list, src_abl: list[str]) 
         f"{_ci(mean_ci(d + a, level))}, {weak} deciding, its {_noise(iu[weak], level)}",
         f"the rounds 2-4 statistic (mean per-seed |a| - |d|, check < 0), a reading: {_ci(old)}, against its floor "
         f"{per_seed_floor(f):.2f} (mean |fixed_i - fixed_j|, i != j, which does not fall with n; per-seed mean|a| "
-        f"{np.mean(np.abs(a)):.2f}, mean|d| {np.mean(np.abs(d)):.2f})", p.note)
+        f"{np.mean(np.abs(a)):.2f}, mean|d| {np.mean(np.abs(d)):.2f})", p.note,
+        base_note(p.seeds, d - a, fixed, ds_bug, agg_bug, level=level))
     return rec
 
 
@@ -647,7 +678,9 @@ def _a8_mech(df: pd.DataFrame, cfg: StudyConfig, model: str, s_fixed: Arm, s_bot
             continue
         sf, mf, sb, mb = p.values
         detail = _join(f"(sft_then_rl - {m}) under fixed minus under both, paired over seeds {p.seeds}: lead "
-                       f"fixed {np.mean(sf - mf):+.2f}, lead both {np.mean(sb - mb):+.2f}", p.note)
+                       f"fixed {np.mean(sf - mf):+.2f}, lead both {np.mean(sb - mb):+.2f}", p.note,
+                       base_note(p.seeds, (sf - mf) - (sb - mb), s_fixed, s_both, m_fixed, m_both,
+                                 level=level_for("A8-mech")))
         per_seed[f"vs_{m}"] = (tuple(p.seeds), tuple(np.round((sf - mf) - (sb - mb), 9)))  # float-error blind
         parts[f"vs_{m}"] = mean_ci((sf - mf) - (sb - mb), level_for("A8-mech"), detail=detail,
                                    sources=p.sources + main, diverged=p.diverged)

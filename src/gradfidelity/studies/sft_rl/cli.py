@@ -92,6 +92,14 @@ def _tables(args) -> int:
     return 0
 
 
+def _starts(args) -> int:
+    from gradfidelity.studies.sft_rl.aggregate import read_aggregate
+    from gradfidelity.studies.sft_rl.tables import starts_table
+
+    starts_table(read_aggregate(args.aggregate), _cfg(args, "tables"), Path(args.csv), Path(args.md))
+    return 0
+
+
 def _figures(args) -> int:
     from gradfidelity.studies.sft_rl.aggregate import read_aggregate
     from gradfidelity.studies.sft_rl.figures import write_figures
@@ -228,6 +236,13 @@ def register(sub) -> None:
     p.add_argument("--aggregate", required=True)
     _table_paths(p)
     p.set_defaults(func=_tables)
+
+    p = sub.add_parser("sft-rl-starts", help="sft_rl: SFT-then-RL's start per seed (the start rule's table)")
+    p.add_argument("--cfg", required=True)
+    p.add_argument("--aggregate", required=True)
+    p.add_argument("--csv", required=True)
+    p.add_argument("--md", required=True)
+    p.set_defaults(func=_starts)
 
     p = sub.add_parser("sft-rl-figures", help="sft_rl: score-vs-FLOPs and training-curve figures")
     p.add_argument("--cfg", required=True)

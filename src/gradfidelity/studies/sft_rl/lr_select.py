@@ -117,13 +117,15 @@ def eval_noise(p_a: float, p_b: float, n: int) -> float:
 
 def _starts(starts: dict[str, str] | None, scale: str) -> dict[str, float]:
     """Each arm's start run's val accuracy: {"<model>/<method>": acc_val} from the same keys -> its start's
-    metrics.json."""
+    metrics.json. An SFT run that made an SFT-then-RL start (sft.start_every) is read at that start: the model the
+    arm's grid trained from, not the SFT run's end."""
     from gradfidelity.harness.results import load_run_records
 
     out = {}
     for method, path in (starts or {}).items():
         (rec,) = load_run_records([path], scale=scale)
-        acc = rec["metrics"].get("acc_val") if rec["status"] == "ok" else None
+        m = rec["metrics"] if rec["status"] == "ok" else {}
+        acc = (m.get("start") or m).get("acc_val")
         if not isinstance(acc, (int, float)):
             raise UserError(f"{path}: the start of {method} has no val accuracy (metrics.acc_val)")
         out[method] = float(acc)
@@ -164,9 +166,10 @@ def _point(row: dict) -> str:
 
 
 _START_NOTE = (
-    "start_acc_val = the val accuracy of the run the arm starts from (the base model; SFT-then-RL: the fixed SFT run "
-    "of the selection seed); vs_start = chosen acc_val minus it, against the half-width of a 95% interval of a "
-    "difference of two accuracies on the {n_val} val problems (binomial evaluation noise, one run each): 'within "
+    "start_acc_val = the val accuracy of the model the arm starts from (the base model; SFT-then-RL: the fixed SFT run "
+    "of the selection seed at its SFT-then-RL start, sft.start_every, else at its end); vs_start = chosen acc_val "
+    "minus it, against the half-width of a 95% interval of a difference of two accuracies on the {n_val} val "
+    "problems (binomial evaluation noise, one run each): 'within "
     "noise' = the arm's best LR does not score distinguishably above its own start on val")
 
 

@@ -204,6 +204,11 @@ def table_paths(tables: str) -> dict[str, str]:
             "abl_csv": f"{tables}/sft_rl_bug_ablation.csv", "abl_md": f"{tables}/sft_rl_bug_ablation.md"}
 
 
+def starts_paths(tables: str) -> dict[str, str]:
+    """SFT-then-RL's start per seed (tables.starts_table) under `tables`."""
+    return {"csv": f"{tables}/sft_rl_starts.csv", "md": f"{tables}/sft_rl_starts.md"}
+
+
 def selection_table_paths(tables: str) -> dict[str, str]:
     """The LR selection's table (lr_select.write_selection) under `tables`."""
     return {"csv": f"{tables}/sft_rl_lr_selection.csv", "md": f"{tables}/sft_rl_lr_selection.md"}

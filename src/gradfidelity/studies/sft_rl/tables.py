@@ -235,3 +235,55 @@ def write_tables(df: pd.DataFrame, cfg: StudyConfig, main_csv: Path, main_md: Pa
     # SFT has no RL stage: its rows are the same at every budget, read at the largest
     sft = at_budget(df, cfg.rl.steps)
     ablation_table(summarise(sft), cfg, baseline, abl_csv, abl_md, hosts_note(sft[sft.method == "sft"]))
+
+
+HEADROOM = 20.0  # id points below the ceiling every SFT-then-RL start must have (issue 59's must-show)
+
+
+def starts_table(df: pd.DataFrame, cfg: StudyConfig, csv: Path, md: Path) -> pd.DataFrame:
+    """Per table variant and seed, SFT-then-RL's start (the `sft_start` row: the SFT run at the step the start rule
+    chose) beside the SFT run's end and what the RL stage made of it: the base it came from, the step, val and id
+    accuracy there, the headroom (100 - id), the RL stage's gain on id and its zero-advantage share. The note says
+    whether every seed starts at least HEADROOM id points below the ceiling, naming any that does not."""
+    end = at_budget(df, cfg.rl.steps)
+    rows, short = [], []
+    for (model, variant), g in end.groupby(["model", "variant"], sort=False):
+        by = {m: x.set_index("seed") for m, x in g.groupby("method")}
+        if plan.SFT_START not in by:
+            continue
+        for seed, s in by[plan.SFT_START].sort_values("seed").iterrows():
+            rl = by.get("sft_then_rl", pd.DataFrame()).reindex([seed]).iloc[0] if "sft_then_rl" in by else None
+            sft_end = by["sft"].loc[seed] if "sft" in by and seed in by["sft"].index else None
+            ok = s.status == "ok"
+            acc = float(s.acc_id) if ok else math.nan
+            room = 100.0 - acc
+            if ok and room < HEADROOM:
+                short.append(f"{variant} seed {seed} ({room:.1f})")
+            gain = float(rl.acc_id) - acc if rl is not None and rl.status == "ok" and ok else math.nan
+            rows.append({
+                "model": model, "variant": variant, "seed": int(seed), "base_seed": int(s.base_seed),
+                "start_step": "end" if pd.isna(s.start_step) else int(s.start_step),
+                "start_acc_id": f"{acc:.1f}" if ok else s.status,
+                "headroom_id": f"{room:.1f}" if ok else "-",
+                "sft_end_acc_id": f"{float(sft_end.acc_id):.1f}" if sft_end is not None and sft_end.status == "ok"
+                else "-",
+                "sft_then_rl_acc_id": f"{float(rl.acc_id):.1f}" if rl is not None and rl.status == "ok" else "-",
+                "rl_gain_id": "-" if math.isnan(gain) else f"{gain:+.1f}",
+                "zero_adv_share": ("-" if rl is None or pd.isna(rl.zero_adv_share)
+                                   else f"{float(rl.zero_adv_share):.2f}"),
+            })
+    out = pd.DataFrame(rows)
+    s = cfg.sft
+    rule = (f"the start rule (sft.start_every {s.start_every}, sft.start_max_val {s.start_max_val:g}): SFT-then-RL "
+            f"starts from the last of SFT steps 0, {s.start_every}, {2 * s.start_every}, ... before val accuracy first "
+            f"exceeds {s.start_max_val:g}" if s.start_every else
+            "sft.start_every 0: SFT-then-RL starts from the SFT run's end (start_step 'end')")
+    verdict = (f"every start is at least {HEADROOM:g} id points below the ceiling ({len(out)} starts)" if not short
+               else f"{len(short)} of {len(out)} starts are fewer than {HEADROOM:g} id points below the ceiling: "
+               + ", ".join(short))
+    write_table(out, csv, md, title="SFT-then-RL's start per seed (sft_rl)", notes=[
+        f"{rule}. start_acc_id: the start model's accuracy on `id` (points); headroom_id = 100 - start_acc_id; "
+        "sft_end_acc_id: the same SFT run at its end (what the SFT arm, A5 and A6 read); rl_gain_id: SFT-then-RL at "
+        "the largest RL budget minus its start; zero_adv_share: the mean share of its GRPO groups whose rollouts all "
+        "got one reward (no signal); base_seed: the committed base model the seed started from.", verdict])
+    return out
