@@ -43,7 +43,7 @@ def test_a_new_cell_starts_from_a_checked_replay_of_a_committed_run(tmp_path):
     assert "rule sft_rl_replay_base:" in plan.stdout and "rule sft_rl_base:" not in plan.stdout
     res = _smk(work, SFT)
     assert res.returncode == 0, res.stderr[-3000:]
-    log = (work / "results/smoke/sft_rl/logs/tiny-qwen2_base_replay.log").read_text()
+    log = (work / "results/smoke/sft_rl/logs/tiny-qwen2_base_seed0_replay.log").read_text()
     assert "equals its committed record" in log and "same host type" in log
     assert json.loads((work / SFT).read_text())["status"] == "ok"
 
@@ -56,6 +56,6 @@ def test_a_new_cell_starts_from_a_checked_replay_of_a_committed_run(tmp_path):
     (work / SFT).unlink()
     res = _smk(work, SFT)
     assert res.returncode != 0
-    log = (work / "results/smoke/sft_rl/logs/tiny-qwen2_base_replay.log").read_text()
+    log = (work / "results/smoke/sft_rl/logs/tiny-qwen2_base_seed0_replay.log").read_text()
     assert f"differs from the committed record {BASE}/metrics.json" in log and "acc_id" in log
     assert not (work / SFT).exists() and not (work / BASE / "replay" / "metrics.json").exists()

@@ -186,8 +186,10 @@ def run_sft(cfg: StudyConfig, model_name: str, variant: str, seed: int, base: Pa
     version = infra.check_deepspeed_version(inf, cfg.deepspeed)
     infra.process_env(version)
     run_cfg = {"stage": "sft", "model": model_name, "variant": variant, "infra": inf.variant, **cfg.record()}
-    base_record = read_json(base / "metrics.json")
-    models.check_weights(base / "model", base_record.get("metrics", {}).get("model_sha256"), base / "metrics.json")
+    if (base / "metrics.json").is_file():  # a base made by the workflow: its weights are the ones its record names
+        base_record = read_json(base / "metrics.json")
+        models.check_weights(base / "model", base_record.get("metrics", {}).get("model_sha256"),
+                             base / "metrics.json")
     with Run(out, study=STUDY, config=run_cfg, seed=seed, threads=cfg.threads,
              cell={**(cell or {}), "stage": "sft"}) as run:
         no_memory_fill()
