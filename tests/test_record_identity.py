@@ -200,3 +200,20 @@ def test_an_aggregate_refuses_two_configs_in_one_cell_naming_both(tmp_path):
         load_run_records(mixed, "cpu")
     assert expected in str(err.value)
     assert ident.job_identity("local", "train", {"train": {"steps": 100}})["hash"] in str(err.value)
+
+
+def test_seeds_of_one_cell_from_two_committed_bases_are_strata_not_a_mix(tmp_path):
+    """Study A, round 6: seeds start from base k mod 2, so a cell's runs carry two identities, one per base (their
+    data's base_seed). Each base is a stratum: two bases pass; two configs on one base are still refused."""
+    from gradfidelity.errors import UserError
+    from gradfidelity.harness.results import load_run_records
+
+    def run(root, seed, base, steps=2000):
+        path = Path(_fake_run(root, seed, steps))
+        identity = ident.job_identity("local", "train", {"train": {"steps": steps}}, {"start": "b", "base_seed": base})
+        (path.parent / "provenance.json").write_text(json.dumps({"seed": seed, "status": "ok", "identity": identity}))
+        return str(path)
+
+    assert len(load_run_records([run(tmp_path / "a", k, k % 2) for k in range(4)], "cpu")) == 4
+    with pytest.raises(UserError, match="two configs or data"):
+        load_run_records([run(tmp_path / "b", 0, 0), run(tmp_path / "b", 2, 0, steps=100)], "cpu")

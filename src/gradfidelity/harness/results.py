@@ -29,6 +29,11 @@ def identity_hash(run_dir: str | Path) -> str | None:
     return (read_json(path).get("identity") or {}).get("hash")
 
 
+def _identity(run_dir: str | Path) -> dict:
+    path = Path(run_dir) / "provenance.json"
+    return (read_json(path).get("identity") or {}) if path.is_file() else {}
+
+
 def check_one_identity_per_cell(records: list[dict]) -> None:
     """Refuse runs of one cell (the same wildcards but the seed) made with two identities, naming both: a cell's
     seeds are repeats of one config on one data, never a mix (a 100-step run beside 2,000-step ones)."""
@@ -38,6 +43,11 @@ def check_one_identity_per_cell(records: list[dict]) -> None:
         if digest is None:
             continue
         cell = {k: v for k, v in (record.get("cell") or {}).items() if k != "seed"}
+        # a design that starts seeds from different committed bases (study A, round 6: base k mod 2) makes each base
+        # a stratum of the cell: its seeds repeat one config on one base, and the strata differ by design
+        base = (_identity(record["run_dir"]).get("data") or {}).get("base_seed")
+        if base is not None:
+            cell["base_seed"] = base
         key = json.dumps(cell, sort_keys=True)
         if key in seen and seen[key][0] != digest:
             other_hash, other_run = seen[key]
