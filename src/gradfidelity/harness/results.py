@@ -23,10 +23,7 @@ STATUSES = ("ok", "diverged")
 def identity_hash(run_dir: str | Path) -> str | None:
     """The hash of the identity (harness/identity.py) a run's provenance.json records, or None (no provenance, or
     a record made before identities)."""
-    path = Path(run_dir) / "provenance.json"
-    if not path.is_file():
-        return None
-    return (read_json(path).get("identity") or {}).get("hash")
+    return _identity(run_dir).get("hash")
 
 
 def _identity(run_dir: str | Path) -> dict:
@@ -39,13 +36,14 @@ def check_one_identity_per_cell(records: list[dict]) -> None:
     seeds are repeats of one config on one data, never a mix (a 100-step run beside 2,000-step ones)."""
     seen: dict[str, tuple[str, str]] = {}
     for record in records:
-        digest = identity_hash(record["run_dir"])
+        identity = _identity(record["run_dir"])  # provenance.json read once per record
+        digest = identity.get("hash")
         if digest is None:
             continue
         cell = {k: v for k, v in (record.get("cell") or {}).items() if k != "seed"}
         # a design that starts seeds from different committed bases (study A, round 6: base k mod 2) makes each base
         # a stratum of the cell: its seeds repeat one config on one base, and the strata differ by design
-        base = (_identity(record["run_dir"]).get("data") or {}).get("base_seed")
+        base = (identity.get("data") or {}).get("base_seed")
         if base is not None:
             cell["base_seed"] = base
         key = json.dumps(cell, sort_keys=True)
