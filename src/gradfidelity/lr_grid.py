@@ -111,6 +111,10 @@ class GridRounds:
                 return k
         raise RuntimeError(f"{self.checkpoint}: the LR grid still extends after {self.bound} rounds")
 
+    def final(self, checkpoints) -> dict:
+        """The last round's document (its grid holds every round's scores)."""
+        return self._doc(checkpoints, self.last(checkpoints))
+
     def round_input(self, checkpoints):
         """input function of the round checkpoint: the grid runs of rounds 0..round."""
         return lambda wildcards: self.through(checkpoints, int(wildcards.round))

@@ -70,7 +70,7 @@ def test_registry_names_and_momentum_mapping():
     cfg = model_config(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
     m = build_model(cfg, 0)
     named = list(m.named_parameters())
-    where = {"adamw": lambda g: g["betas"][0], "muon": lambda g: g["momentum"], "soap": lambda g: g["betas"][0],
+    where = {"adamw": lambda g: g["betas"][0], "muon": lambda g: g["momentum"], "muon_all": lambda g: g["momentum"], "soap": lambda g: g["betas"][0],
              "adan": lambda g: g["betas"][0], "lion": lambda g: g["betas"][1], "mars": lambda g: g["betas"][0]}
     for name in OPTIMIZERS:
         opt = build_optimizer(name, named, momentum=0.77)
@@ -91,6 +91,33 @@ def test_registry_names_and_momentum_mapping():
     assert flags[id(m.layers[0].self_attn.q_proj.weight)] is True
     with pytest.raises(UserError, match="not in"):
         build_optimizer("sgd", named)
+
+
+def test_muon_all_orthogonalises_the_embedding_and_head_update_where_muon_gives_them_to_adamw():
+    """The issue-60 arm: under `muon_all` the embedding's and the head's first update is an orthogonalised matrix
+    (Newton-Schulz: its singular values close to each other, checked with torch.linalg.svdvals), under `muon` it is
+    AdamW's (a first Adam step is lr * sign(g) per entry, whose singular values spread as a random sign matrix's)."""
+    cfg = model_config(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8,
+                       tie_embeddings=False)
+    spread = {}
+    for name in ("muon", "muon_all"):
+        m = build_model(cfg, 0, dtype=torch.float64)
+        named = list(m.named_parameters())
+        opt = build_optimizer(name, named, lr=1e-2)
+        flags = {id(p): g["use_muon"] for g in opt.param_groups for p in g["params"]}
+        assert flags[id(m.embed_tokens.weight)] is (name == "muon_all")
+        assert flags[id(m.lm_head.weight)] is (name == "muon_all")
+        assert flags[id(m.norm.weight)] is False  # the gains stay with AdamW in both
+        before = {n: p.detach().clone() for n, p in named}
+        for n, p in named:
+            p.grad = torch.randn(p.shape, dtype=p.dtype, generator=torch.Generator().manual_seed(len(n)))
+        opt.step()
+        for n in ("embed_tokens.weight", "lm_head.weight"):
+            delta = dict(named)[n].detach() - before[n]
+            sv = torch.linalg.svdvals(delta)
+            spread[name, n] = float(sv.max() / sv.min())
+    for n in ("embed_tokens.weight", "lm_head.weight"):
+        assert spread["muon_all", n] < 2.0 < spread["muon", n], spread
 
 
 def test_wsd_schedule():

@@ -40,6 +40,7 @@ from gradfidelity.studies.async_pp.plan import (
     grid_cells,
     lr_keys,
     secondary_optimizers,
+    sweep_optimizers,
 )
 from gradfidelity.studies.async_pp.rules import JOB_KEYS, job_cfg, lr_arg, train_cfg, train_input
 from gradfidelity.studies.async_pp.tables import write_lr_selection
@@ -90,7 +91,8 @@ def test_lr_grid_covers_every_arm_on_a_seed_outside_the_evaluation_seeds():
     assert {c.seed for c in grid} == {SMOKE["lr_selection"]["seed"]} and {c.mitigation for c in grid} == {"none"}
     keys = lr_keys(CFG)
     assert ("adamw", 0.95) in keys and ("muon", 0.9) in keys and ("lion", 0.99) in keys
-    assert len(keys) == len(OPTIMIZERS) + 2  # smoke's momentum sweep adds adamw 0.95 and muon 0.9
+    # every optimizer of smoke's sweeps at its default momentum; its momentum sweep adds adamw 0.95 and muon 0.9
+    assert len(keys) == len(sweep_optimizers(load(SMOKE))) + 2
     arms = arm_keys(CFG)
     depth = CFG.sweeps.depth
     assert len(arms) == 2 * len(keys) + len(depth.optimizers) * len(depth.depths) * len(depth.schedules)
@@ -320,7 +322,8 @@ def test_rule_params_carry_only_the_sections_a_job_depends_on():
     assert set(_sections(train_cfg(cfg)(_wc(mitigation="taylor")))) == {"model", "data", "train", "delay"}
     assert set(_sections(job_cfg(cfg, "bench"))) == {"model", "data", "train", "bench"}
     assert {job: set(_sections(job_cfg(cfg, job))) for job in ("tables", "figures", "claims")} == \
-        dict.fromkeys(("tables", "figures", "claims"), {"seeds", "lr_selection", "model", "train", "sweeps"})
+        dict.fromkeys(("tables", "figures", "claims"), {"seeds", "claim_seeds", "lr_selection", "model", "train",
+                                                         "sweeps"})
     assert train_input("sel.json", {})(_wc()) == {"selection": "sel.json"}
     assert train_input("sel.json", {})(_wc(lr="x2")) == {}
     data = {"meta": "d/meta.json", "train": "d/train.bin"}

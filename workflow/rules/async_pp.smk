@@ -120,8 +120,6 @@ rule async_pp_select_lr:
         _ap_rules.lr_grid_input(ASYNC_PP, ASYNC_PP_ROOT, checkpoints),
     output:
         selection=ASYNC_PP_SELECTION,
-        table=f"{TABLES}/async_pp_lr_selection.csv",
-        table_md=report(f"{TABLES}/async_pp_lr_selection.md", category="async_pp"),
     params:
         gf=GF,
         scale=SCALE,
@@ -136,7 +134,35 @@ rule async_pp_select_lr:
         **rule_resources("async_pp_select_lr"),
     shell:
         "{params.gf} async-pp-select-lr --metrics {input} --scale {params.scale} --base {params.base} "
-        "--near-tie-sd {params.near_tie} --out {output.selection} --table {output.table} > {log} 2>&1"
+        "--near-tie-sd {params.near_tie} --out {output.selection} > {log} 2>&1"
+
+
+# The selection's table, with each sync and 2bw choice checked at a longer budget (lr_selection.check_steps, issue
+# 60): the chosen multiplier and its neighbours, planned from the last LR round's choices.
+rule async_pp_lr_table:
+    input:
+        selection=ASYNC_PP_SELECTION,
+        check=_ap_rules.lr_check_input(ASYNC_PP, ASYNC_PP_ROOT, checkpoints),
+    output:
+        table=f"{TABLES}/async_pp_lr_selection.csv",
+        table_md=report(f"{TABLES}/async_pp_lr_selection.md", category="async_pp"),
+    params:
+        gf=GF,
+        scale=SCALE,
+        check_steps=(f"--check-steps {ASYNC_PP.lr_selection.check_steps}"
+                     if ASYNC_PP.lr_selection.check_steps is not None else "")
+        + (" --check-optimizers " + " ".join(ASYNC_PP.lr_selection.check_optimizers)
+           if ASYNC_PP.lr_selection.check_optimizers else ""),
+    log:
+        f"{RESULTS}/async_pp/logs/lr_table.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        **rule_resources("async_pp_select_lr"),
+    shell:
+        "{params.gf} async-pp-lr-table --selection {input.selection} --scale {params.scale} {params.check_steps} "
+        "--check-metrics {input.check} --table {output.table} > {log} 2>&1"
 
 
 rule async_pp_aggregate:

@@ -61,6 +61,23 @@ def _select_lr(args) -> int:
     return 0
 
 
+def _lr_table(args) -> int:
+    import json
+
+    from gradfidelity.studies.async_pp.lr_select import check
+    from gradfidelity.studies.async_pp.tables import write_lr_selection
+
+    with open(args.selection) as f:
+        doc = json.load(f)
+    rows = (check(doc, args.check_metrics, args.scale, args.check_steps, args.check_optimizers)
+            if args.check_steps else None)
+    write_lr_selection(doc, args.table, rows)
+    for r in rows or []:
+        print(f"{r['optimizer']} momentum {r['momentum']:g} {r['schedule']}: x{r['chosen_multiplier']:g} at "
+              f"{r['check_steps']} steps: {r['check']}")
+    return 0
+
+
 def _lr_round(args) -> int:
     from gradfidelity.harness.io import atomic_write_json
     from gradfidelity.studies.async_pp.lr_select import extension_round
@@ -152,6 +169,16 @@ def register(sub) -> None:
                    "(lr_selection.multipliers): the others are extensions")
     p.add_argument("--near-tie-sd", default="{}", help="JSON {optimizer: sd} (lr_selection.near_tie_sd)")
     p.set_defaults(func=_select_lr)
+
+    p = sub.add_parser("async-pp-lr-table", help="study B: the LR-selection table, with the check at a longer "
+                       "budget (lr_selection.check_steps)")
+    p.add_argument("--selection", required=True, help="the selection document (lr_selection.json)")
+    p.add_argument("--scale", required=True)
+    p.add_argument("--table", required=True, help="the LR-selection table (.csv; a .md beside it)")
+    p.add_argument("--check-steps", type=int, help="lr_selection.check_steps (none: no check)")
+    p.add_argument("--check-metrics", nargs="*", default=[], help="the LR check's metrics.json files")
+    p.add_argument("--check-optimizers", nargs="+", help="lr_selection.check_optimizers (default: every one)")
+    p.set_defaults(func=_lr_table)
 
     p = sub.add_parser("async-pp-lr-round", help="study B: one round of the LR grid -> the points the next adds")
     p.add_argument("--metrics", nargs="+", required=True, help="the grid's metrics.json files so far")

@@ -40,6 +40,9 @@ DEFAULTS = {
     "adan": {"lr": 2e-3, "momentum": 0.98},
     "lion": {"lr": 4e-4, "momentum": 0.99},
     "mars": {"lr": 3e-3, "momentum": 0.95},
+    # Muon on every matrix, the embedding and the LM head too (issue 60): at d 32 those are 47% of the parameters,
+    # and in the `muon` arm they train with AdamW, so its f mixes Muon's robustness with AdamW's share
+    "muon_all": {"lr": 2e-3, "momentum": 0.95},
 }
 OPTIMIZERS = tuple(DEFAULTS)
 # The Adam-type optimizers whose second-moment decay stays fixed when the momentum (beta1) moves; AdamW's moves with
@@ -72,6 +75,8 @@ class LrSelection:
     max_extensions: int
     near_tie_sd: dict[str, float]  # optimizer -> seed-to-seed sd (nats): a near-tie within it goes to the smaller LR
     steps: int | None  # the grid runs' budget; None = train.steps (grid_budget)
+    check_steps: int | None  # the budget each sync and 2bw choice is checked at (plan.check_cells); None = none
+    check_optimizers: tuple[str, ...] | None  # whose choices the check reads; None = every optimizer of the grid
 
     def __post_init__(self):
         unknown = sorted(set(self.near_tie_sd) - set(OPTIMIZERS))
@@ -276,6 +281,7 @@ class StudyConfig:
 
     seeds: int | None
     threads_per_run: int | None
+    claim_seeds: dict | None  # claim -> seeds, where its power asks for more than `seeds` (plan.CLAIM_SEEDS)
     lr_selection: LrSelection | None
     paper_only: dict | None
     model: ModelConfig | None
@@ -286,9 +292,9 @@ class StudyConfig:
     bench: Bench | None
 
     def __post_init__(self):
-        if self.seeds is not None and self.lr_selection is not None and self.lr_selection.seed < self.seeds:
+        if self.seeds is not None and self.lr_selection is not None and self.lr_selection.seed < self.all_seeds:
             raise _bad("lr_selection.seed", f"{self.lr_selection.seed} is one of the evaluation seeds "
-                       f"0..{self.seeds - 1}: the LR would be chosen on the runs it is judged on")
+                       f"0..{self.all_seeds - 1}: the LR would be chosen on the runs it is judged on")
         if self.model is not None and self.sweeps is not None and self.sweeps.depth.depths \
                 and max(self.sweeps.depth.depths) > self.model.n_units:
             raise _bad("sweeps.depth.depths", f"P = {max(self.sweeps.depth.depths)} exceeds the model's "
@@ -296,6 +302,10 @@ class StudyConfig:
 
         if self.sweeps is not None and self.train is not None:
             self._check_ladder()
+        if self.lr_selection is not None and self.lr_selection.check_steps is not None and self.train is not None \
+                and self.lr_selection.check_steps <= (self.lr_selection.steps or self.train.steps):
+            raise _bad("lr_selection.check_steps", f"{self.lr_selection.check_steps} is not above the grid's budget "
+                       f"{self.lr_selection.steps or self.train.steps}: the check reads the choice at a longer one")
         if self.sweeps is not None:
             for o in self.sweeps.momentum.optimizers:
                 for m in self.sweeps.momentum.momenta:
@@ -317,6 +327,11 @@ class StudyConfig:
         low = [n for n in self.sweeps.ladder.extend.steps if n <= ladder[-1]]
         if low:
             raise _bad("sweeps.ladder.extend.steps", f"{low} do not lie above the ladder's top {ladder[-1]}")
+
+    @property
+    def all_seeds(self) -> int:
+        """The evaluation seeds of any cell: `seeds`, or more where `claim_seeds` asks for them."""
+        return max([self.seeds or 0, *(self.claim_seeds or {}).values()])
 
     def need(self, *sections: str) -> StudyConfig:
         """Self, once every named section is there: a job names what it reads, and a rule that did not pass it

@@ -121,6 +121,61 @@ def select(metrics_paths: list[str], scale: str, base: list[float] | None = None
             "near_tie_sd": dict(sds), "choices": choices}
 
 
+def round_choices(doc: dict, near_tie_sd: dict[str, float] | None = None) -> dict[Key, float]:
+    """{arm: chosen multiplier} from the last LR round's document (its grid holds every round's losses): the same
+    rule as `select` (lr_grid.near_tie), so the workflow can plan the LR check (plan.check_cells) from the
+    checkpoint before the selection file exists."""
+    sds = near_tie_sd or {}
+    out = {}
+    for row in doc["grid"]:
+        losses = {float(m): float(v) for m, v in row["losses"].items()}
+        key = (row["optimizer"], float(row["momentum"]), row["schedule"], int(row["depth"]))
+        out[key] = lr_grid.near_tie(losses, float(sds.get(row["optimizer"], 0.0)), higher_is_better=False,
+                                    what=f"async_pp {key}")[0]
+    return out
+
+
+def check(selection: dict, check_paths: list[str], scale: str, steps: int,
+          optimizers: list[str] | None = None) -> list[dict]:
+    """The LR check (issue 60): per sync and 2bw arm of the selection, its chosen multiplier and the neighbours half
+    and twice it, trained at `steps` (lr_selection.check_steps) on the selection seed, judged by the same rule
+    (lr_grid.near_tie with the optimizer's sd). `holds`: the rule picks the same multiplier at `steps`; else the
+    row says where it moves. An arm with a check run missing or diverged says so instead of a verdict. `optimizers`
+    (lr_selection.check_optimizers): the arms read, None = all."""
+    from gradfidelity.harness.results import cell_of, load_run_records
+
+    runs: dict[Key, dict[float, float]] = {}
+    for rec in load_run_records(check_paths, scale=scale):
+        c = cell_from_run(cell_of(rec))
+        if c.lr in (TUNED, OWN) or c.mitigation != "none" or c.steps != steps:
+            raise UserError(f"{rec['path']}: not an LR-check run (lr~x<m>, no mitigation, {steps} steps)")
+        ok = rec["status"] == "ok"
+        runs.setdefault((c.optimizer, c.momentum, c.schedule, c.depth), {})[lr_multiplier(c.lr)] = \
+            float(rec["metrics"]["final_val_loss"]) if ok else math.nan
+    sds = selection.get("near_tie_sd") or {}
+    rows = []
+    for c in selection["choices"]:
+        if c["schedule"] not in ("sync", "2bw") or (optimizers is not None and c["optimizer"] not in optimizers):
+            continue  # lr_selection.check_optimizers: the arms the check reads
+        key = (c["optimizer"], float(c["momentum"]), c["schedule"], int(c["depth"]))
+        m = float(c["multiplier"])
+        got = runs.get(key, {})
+        losses = {k: got.get(k, math.nan) for k in (m / 2, m, 2 * m)}
+        row = {"optimizer": key[0], "momentum": key[1], "schedule": key[2], "check_steps": steps,
+               "chosen_multiplier": m, **{f"check_{n}": losses[k] for n, k in zip(("half", "chosen", "twice"),
+                                                                                 (m / 2, m, 2 * m), strict=True)}}
+        missing = [k for k in losses if k not in got]
+        if missing or not math.isfinite(losses[m]):
+            why = f"x{', x'.join(f'{k:g}' for k in missing)} not trained" if missing else "the chosen LR diverged"
+            rows.append({**row, "check_multiplier": math.nan, "check": f"not checked: {why}"})
+            continue
+        at_check, _ = lr_grid.near_tie(losses, float(sds.get(key[0], 0.0)), higher_is_better=False,
+                                       what=f"async_pp check {key}")
+        rows.append({**row, "check_multiplier": at_check,
+                     "check": "holds" if at_check == m else f"moves to x{at_check:g}"})
+    return rows
+
+
 def write_selection(metrics_paths: list[str], scale: str, out_json: str, base: list[float] | None = None,
                     near_tie_sd: dict[str, float] | None = None) -> dict:
     """The selection document, written to `out_json` (what every lr~tuned and lr~own cell reads); its table:

@@ -2,7 +2,11 @@
 
 Implementations: AdamW from torch.optim; Muon, SOAP, Adan, Lion, MARS from pytorch-optimizer (>= 4.1.0: 3.9.0
 inverted Muon's LR scaling). Muon updates the hidden weight matrices only; the embedding, the LM head and the norm
-gains go to its built-in AdamW groups (`use_muon=False`), as in Keller Jordan's reference.
+gains go to its built-in AdamW groups (`use_muon=False`), as in Keller Jordan's reference. `muon_all` (issue 60) is
+the same Muon with the embedding and the LM head in its Muon group too (only the norm gains stay with AdamW): at the
+cpu scale's d 32 those two matrices are 47% of the parameters, so the `muon` arm's delay cost is partly AdamW's;
+`muon_all` separates that share. It is a probe, not a recipe: orthogonalising an embedding's update spreads it over
+rows whose tokens were not in the batch, which is why the reference keeps embeddings on AdamW.
 
 Defaults (chosen before any result was seen; the paper's appendix values are unknown). The default LR and momentum
 live in `config.DEFAULTS` only; the LR actually used is chosen per optimizer on the sync schedule from a grid of
@@ -15,6 +19,7 @@ multiples of that default (lr_select.py, config `lr_selection`).
 | adan | 2e-3 | betas[0] 0.98 | betas (0.98, 0.92, 0.99), decoupled wd 0.02 | Adan paper betas |
 | lion | 4e-4 | betas[1] 0.99 | beta1 0.9, decoupled wd 0.5 | Lion paper: lr 3-10x lower, wd higher |
 | mars | 3e-3 | betas[0] 0.95 | beta2 0.99, gamma 0.025, wd 0.1; 1-D params AdamW without decay | MARS defaults |
+| muon_all | 2e-3 | momentum 0.95 | as muon; embedding and head in the Muon group (wd 0.1 there, AdamW's) | issue 60 |
 
 Muon's LR and width: with Keller Jordan's shape factor an orthogonalised update has per-entry RMS lr / sqrt(max dim),
 so the same LR is a ~5x larger step at d = 32 than at d = 960. We use pytorch-optimizer's `use_adjusted_lr=True`
@@ -69,6 +74,8 @@ REGISTRY: dict[str, OptSpec] = {
     "lion": _spec("lion", 0.5, {"beta1": 0.9}, "pytorch_optimizer.Lion; Lion paper lr/wd rules"),
     "mars": _spec("mars", 0.1, {"beta2": FIXED_BETA2["mars"], "gamma": 0.025},
                   "pytorch_optimizer.MARS; MARS defaults"),
+    "muon_all": _spec("muon_all", 0.0, {"adamw_wd": 0.1, "nesterov": True, "ns_steps": 5},
+                      "pytorch_optimizer.Muon(use_adjusted_lr=True), embedding and head in the Muon group"),
 }
 
 
@@ -84,11 +91,12 @@ def _pytorch_optimizer(name: str, spec: OptSpec, named_params, mats, vecs, lr: f
     import pytorch_optimizer as po
 
     x = spec.extra
-    if name == "muon":
+    if name in ("muon", "muon_all"):
         hidden = [p for n, p in named_params if _is_hidden_matrix(n, p)]
         other_m = [p for n, p in named_params if p.ndim >= 2 and not _is_hidden_matrix(n, p)]
+        # muon_all: the embedding and head join the Muon group with the decay they had under AdamW
         groups = [{"params": hidden, "use_muon": True, "lr": lr, "weight_decay": spec.weight_decay},
-                  {"params": other_m, "use_muon": False, "lr": lr, "weight_decay": x["adamw_wd"]},
+                  {"params": other_m, "use_muon": name == "muon_all", "lr": lr, "weight_decay": x["adamw_wd"]},
                   {"params": vecs, "use_muon": False, "lr": lr, "weight_decay": 0.0}]
         return po.Muon([g for g in groups if g["params"]], lr=lr, momentum=mom, nesterov=x["nesterov"],
                        ns_steps=x["ns_steps"], use_adjusted_lr=True, adamw_lr=lr, adamw_betas=(0.9, 0.95),

@@ -28,7 +28,7 @@ import pandas as pd
 
 from gradfidelity.errors import UserError
 from gradfidelity.studies.async_pp.config import OPTIMIZERS, StudyConfig
-from gradfidelity.studies.async_pp.plan import OWN, TUNED, default_momentum, main_head
+from gradfidelity.studies.async_pp.plan import OWN, TUNED, default_momentum, eval_cells, main_head
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,13 @@ class Gaps:
         self.gate_mode = "transient"
         self.lr_for: dict[tuple, str] = {}  # near-tie view (`at(lr_for=...)`): arm -> the lr label its cells read
         self.steps = cfg.train.steps
-        self.seeds = list(range(cfg.seeds))
+        # seeds 0..seeds-1 carry every cell; the seeds `claim_seeds` adds carry one claim's cells only, so a
+        # statistic reads such a seed only where all its cells are planned there (`_extra_planned`)
+        self.seeds = list(range(cfg.all_seeds))
+        self.base_seeds = int(cfg.seeds)
+        self._extra_planned = {self._key(c.lr, c.optimizer, c.head, c.schedule, c.mitigation, c.depth, c.momentum,
+                                         c.steps, c.seed)
+                               for c in eval_cells(cfg) if c.seed >= cfg.seeds} if cfg.all_seeds > cfg.seeds else set()
         self.head = main_head(cfg)
         self._index: dict[tuple, tuple[float, str, str]] = {}
         self.host_of: dict[str, str] = {}  # run directory -> its host type (provenance.describe_host)
@@ -165,23 +171,40 @@ class Gaps:
     def _key(lr, optimizer, head, schedule, mitigation, depth, momentum, steps, seed) -> tuple:
         return (lr, optimizer, head, schedule, mitigation, int(depth), round(float(momentum), 6), int(steps), int(seed))
 
-    def _cell(self, spec: Spec, seed: int) -> tuple[float, str, str]:
+    def _spec_key(self, spec: Spec, seed: int) -> tuple | None:
+        """The runs-table key of `spec` on `seed`; None where the near-tie view asks for a mitigated cell, which
+        trains at the own LR only."""
         mom = default_momentum(spec.optimizer) if spec.momentum is None else spec.momentum
         depth = spec.depth if spec.schedule.startswith("pipedream") else 1
         lr = spec.lr_label
         other = self.lr_for.get((spec.optimizer, round(float(mom), 6), spec.schedule, depth)) if lr == OWN else None
         if other is not None:
             if spec.mitigation != "none":
-                return math.nan, "not trained at the near-tie LR", ""
+                return None
             lr = other
-        key = self._key(lr, spec.optimizer, spec.head or self.head, spec.schedule, spec.mitigation, depth,
-                        mom, spec.steps or self.steps, seed)
+        return self._key(lr, spec.optimizer, spec.head or self.head, spec.schedule, spec.mitigation, depth,
+                         mom, spec.steps or self.steps, seed)
+
+    def _cell(self, spec: Spec, seed: int) -> tuple[float, str, str]:
+        key = self._spec_key(spec, seed)
+        if key is None:
+            return math.nan, "not trained at the near-tie LR", ""
         return self._index.get(key, (math.nan, "missing", ""))
+
+    def planned(self, specs, seed: int) -> bool:
+        """Whether every cell of `specs` is planned on `seed`: always on seeds 0..seeds-1; on a seed that
+        `claim_seeds` adds, only the cells of that claim and their references are."""
+        if seed < self.base_seeds:
+            return True
+        keys = [self._spec_key(spec, seed) for spec in specs]
+        return all(k is not None and k in self._extra_planned for k in keys)
 
     def paired(self, specs: dict[str, Spec]) -> Paired:
         seeds, loss, dropped, sources = [], {k: [] for k in specs}, {}, []
         sources_of: dict[str, list[str]] = {k: [] for k in specs}
         for seed in self.seeds:
+            if not self.planned(specs.values(), seed):
+                continue  # a seed another claim added: not a missing run of this one
             got, bad = {}, []
             for name, spec in specs.items():
                 value, status, run_dir = self._cell(spec, seed)

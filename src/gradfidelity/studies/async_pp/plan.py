@@ -158,6 +158,19 @@ def grid_cells(cfg: StudyConfig, extension: list[dict] | None = None) -> list[Ce
                   for m in cfg.lr_selection.multipliers)
 
 
+def check_cells(cfg: StudyConfig, choices: dict[tuple[str, float, str, int], float]) -> list[Cell]:
+    """The LR check (issue 60; lr_select.check): each sync and 2bw arm's chosen multiplier (`choices`, from the
+    last LR round: lr_select.round_choices) and its neighbours half and twice it, at `lr_selection.check_steps` on
+    the selection seed. None when the config sets no check."""
+    n, which = cfg.lr_selection.check_steps, cfg.lr_selection.check_optimizers
+    if n is None:
+        return []
+    return sorted({Cell(o, lr_label(k), main_head(cfg), sched, "none", 1, float(mom), int(n), cfg.lr_selection.seed)
+                   for (o, mom, sched, _depth), m in choices.items()
+                   if sched in ("sync", "2bw") and (which is None or o in which)
+                   for k in (m / 2, m, 2 * m)})
+
+
 def gate_steps(steps: int) -> int:
     """The budget the transient gate compares a budget with (compute_fraction.transient_gate): twice it."""
     return 2 * int(steps)
@@ -173,13 +186,30 @@ def f_keys(cfg: StudyConfig) -> list[tuple[str, float, str]]:
     return sorted(keys, key=lambda k: (OPTIMIZERS.index(k[0]), k[1], k[2]))
 
 
+# The claims whose seeds `claim_seeds` can raise above `seeds` (issue 60), and what each reads besides its
+# references (`_claim_cells`): B1-abs AdamW's main key, B4 the momentum sweep, B9-<m> mitigation m.
+CLAIM_SEEDS = ("B1-abs", "B4", "B9-error_feedback", "B9-taylor", "B9-sync_start", "B9-sync_cooldown")
+
+
 def cells(cfg: StudyConfig) -> list[Cell]:
-    """Every cell of every sweep (LR grid included), deduplicated and sorted."""
-    T = cfg.train.steps
-    seeds = range(cfg.seeds)
-    sw = cfg.sweeps
-    head0 = main_head(cfg)
-    out: set[Cell] = set(grid_cells(cfg))
+    """Every cell of every sweep and the LR grid's first round, deduplicated and sorted (the grid's extension rounds
+    and the LR check follow from runs: rules.study_runs)."""
+    return sorted(set(grid_cells(cfg)) | set(eval_cells(cfg)))
+
+
+def eval_cells(cfg: StudyConfig) -> list[Cell]:
+    """The cells on the evaluation seeds: every sweep on seeds 0..seeds-1, and on the seeds `claim_seeds` adds,
+    the cells of that claim alone with their references."""
+    out = set(_sweep_cells(cfg, range(cfg.seeds)))
+    for claim, n in sorted((cfg.claim_seeds or {}).items()):
+        if claim not in CLAIM_SEEDS:
+            raise UserError(f"bad config key 'async_pp.claim_seeds': {claim!r} is not one of {list(CLAIM_SEEDS)}")
+        out |= set(_claim_cells(cfg, claim, range(cfg.seeds, int(n))))
+    return sorted(out)
+
+
+def _adder(cfg: StudyConfig, out: set, seeds):
+    T, head0 = cfg.train.steps, main_head(cfg)
 
     def add(opt, schedule, mitigation="none", depth=1, momentum=None, n_steps=T, head=head0, lrs=(OWN,)):
         mom = default_momentum(opt) if momentum is None else float(momentum)
@@ -190,24 +220,65 @@ def cells(cfg: StudyConfig) -> list[Cell]:
             for lr in (TUNED,) if schedule == "sync" else lrs:
                 out.add(Cell(opt, lr, head, schedule, mitigation, depth, mom, int(n_steps), s))
 
+    return add
+
+
+def _add_f_key(cfg: StudyConfig, add, opt: str, mom: float, head: str) -> None:
+    """A key's f: sync at every ladder budget, 2bw at T and 2T (at both LRs where the length table shows it)."""
+    T = cfg.train.steps
     both = set(secondary_optimizers(cfg))
+    # the sync-tuned LR (secondary) where the length table shows it: each optimizer at its default momentum
+    lrs = (OWN, TUNED) if opt in both and mom == default_momentum(opt) and head == main_head(cfg) else (OWN,)
+    for n in cfg.sweeps.ladder.of(opt):
+        add(opt, "sync", momentum=mom, n_steps=n, head=head)
+    for n in (T, gate_steps(T)):
+        add(opt, "2bw", momentum=mom, n_steps=n, head=head, lrs=lrs)
+
+
+def _budgets(cfg: StudyConfig, at_2T: bool) -> tuple[int, ...]:
+    """The budget rule (claims.py) reads every claim at T and 2T: the mitigations and depths too, where asked."""
+    T = cfg.train.steps
+    return (T, gate_steps(T)) if at_2T else (T,)
+
+
+def _claim_cells(cfg: StudyConfig, claim: str, seeds) -> list[Cell]:
+    """The cells `claim` reads on `seeds`, with the f keys they are read against."""
+    out: set[Cell] = set()
+    add, sw, head0 = _adder(cfg, out, seeds), cfg.sweeps, main_head(cfg)
+    if claim == "B1-abs":
+        _add_f_key(cfg, add, "adamw", default_momentum("adamw"), head0)
+    elif claim == "B4":
+        for o in sw.momentum.optimizers:
+            for m in sw.momentum.momenta:
+                _add_f_key(cfg, add, o, float(m), head0)
+    else:  # B9-<mitigation>
+        mit = claim.split("-", 1)[1]
+        if mit not in sw.mitigation.mitigations:
+            raise UserError(f"bad config key 'async_pp.claim_seeds': {claim} reads mitigation {mit!r}, which "
+                            f"sweeps.mitigation.mitigations {list(sw.mitigation.mitigations)} does not train")
+        for opt in sw.mitigation.optimizers:
+            _add_f_key(cfg, add, opt, default_momentum(opt), head0)
+            for n in _budgets(cfg, sw.mitigation.at_2T):
+                add(opt, "2bw", mit, n_steps=n)
+    return sorted(out)
+
+
+def _sweep_cells(cfg: StudyConfig, seeds) -> list[Cell]:
+    T = cfg.train.steps
+    sw = cfg.sweeps
+    head0 = main_head(cfg)
+    out: set[Cell] = set()
+    add = _adder(cfg, out, seeds)
     for opt, mom, head in f_keys(cfg):
-        # the sync-tuned LR (secondary) where the length table shows it: each optimizer at its default momentum
-        lrs = (OWN, TUNED) if opt in both and mom == default_momentum(opt) and head == head0 else (OWN,)
-        for n in sw.ladder.of(opt):
-            add(opt, "sync", momentum=mom, n_steps=n, head=head)
-        for n in (T, gate_steps(T)):
-            add(opt, "2bw", momentum=mom, n_steps=n, head=head, lrs=lrs)
-    # the budget rule (claims.py) reads every claim at T and 2T: the mitigations and depths too, where asked
-    budgets = lambda at_2T: (T, gate_steps(T)) if at_2T else (T,)  # noqa: E731
+        _add_f_key(cfg, add, opt, mom, head)
     for opt in sw.mitigation.optimizers:
         for mit in sw.mitigation.mitigations:
-            for n in budgets(sw.mitigation.at_2T):
+            for n in _budgets(cfg, sw.mitigation.at_2T):
                 add(opt, "2bw", mit, n_steps=n)
     for opt in sw.depth.optimizers:  # config checks that every P fits the model's pipeline units
         for P in sw.depth.depths:
             for schedule in sw.depth.schedules:
-                for n in budgets(sw.depth.at_2T):
+                for n in _budgets(cfg, sw.depth.at_2T):
                     add(opt, schedule, depth=P, head="untied", n_steps=n)
     for opt in sw.length.optimizers:
         for n in sw.length.steps:

@@ -4,7 +4,7 @@ config keys each job reads, the typed config the plan is made from, and the inpu
 Why per-job keys: Snakemake reruns a job whose params changed, and `--cfg` is a param. Each job's `--cfg` carries
 only the sections it reads, so an edit reruns exactly the jobs it changes: a `bench` edit reruns no training, a
 `delay` edit only the cells whose mitigation reads it, a `sweeps` edit only the tables, figures and claims (and the
-cells it adds). Keys that decide which cells exist (`seeds`, `lr_selection`, `sweeps`) reach the training jobs
+cells it adds). Keys that decide which cells exist (`seeds`, `claim_seeds`, `lr_selection`, `sweeps`) reach the training jobs
 through their wildcards instead, so adding a seed or a sweep point reruns no existing cell.
 """
 
@@ -25,7 +25,7 @@ EXPORTS: dict = {}  # no file of this study is read by another study's rules
 # `lr_selection` for the grid's budget, which the length table names). Not in any
 # `--cfg`: `threads_per_run` (the training rule's threads), `train.batch_size` x `train.seq_len` (the aggregation's
 # --tokens-per-step), and the keys that decide which cells exist (above).
-_REPORT = ("seeds", "lr_selection", "model", "train", "sweeps")
+_REPORT = ("seeds", "claim_seeds", "lr_selection", "model", "train", "sweeps")
 JOB_KEYS: dict[str, tuple[str, ...]] = {
     "train": ("model", "data", "train"),
     "train_delay": ("model", "data", "train", "delay"),  # a cell whose mitigation is one of DELAY_READERS
@@ -99,14 +99,29 @@ def lr_grid_input(cfg: StudyConfig, root: str, checkpoints):
     return _rounds(cfg, root).grid_input(checkpoints)
 
 
-def study_runs(cfg: StudyConfig, root: str, checkpoints):
-    """input function of the runs table and the aggregation: every cell of the plan and every grid run added by
-    an extension round."""
-    planned = plan.metrics(cfg, root)
-    grid = lr_grid_input(cfg, root, checkpoints)
+def lr_check_input(cfg: StudyConfig, root: str, checkpoints):
+    """input function of the LR table: the LR check's runs (plan.check_cells), planned from the last LR round's
+    choices (lr_select.round_choices); none when `lr_selection.check_steps` is null."""
+    from gradfidelity.studies.async_pp.lr_select import round_choices
 
     def _input(wildcards):
-        return sorted(set(planned) | set(grid(wildcards)))
+        if cfg.lr_selection.check_steps is None:
+            return []
+        choices = round_choices(_rounds(cfg, root).final(checkpoints), dict(cfg.lr_selection.near_tie_sd))
+        return [c.metrics(root) for c in plan.check_cells(cfg, choices)]
+
+    return _input
+
+
+def study_runs(cfg: StudyConfig, root: str, checkpoints):
+    """input function of the runs table and the aggregation: every cell of the plan, every grid run added by
+    an extension round, and the LR check's runs."""
+    planned = plan.metrics(cfg, root)
+    grid = lr_grid_input(cfg, root, checkpoints)
+    check = lr_check_input(cfg, root, checkpoints)
+
+    def _input(wildcards):
+        return sorted(set(planned) | set(grid(wildcards)) | set(check(wildcards)))
 
     return _input
 

@@ -193,8 +193,11 @@ def mitigations_table(g: Gaps) -> pd.DataFrame:
 
 def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv: str | None = None,
                  momentum_csv: str | None = None) -> None:
-    n = len(g.seeds)
-    note = (f"scale {scale}, {n} seed(s) per cell, main budget T = {g.steps} steps of "
+    extra = g.cfg.claim_seeds or {}
+    n = f"{g.base_seeds} seed(s) per cell" + (
+        " (" + ", ".join(f"{k}'s cells {v}" for k, v in sorted(extra.items())) + ": config claim_seeds)"
+        if extra else "")
+    note = (f"scale {scale}, {n}, main budget T = {g.steps} steps of "
             f"{g.cfg.train.tokens_per_step} tokens (corpus: config/{scale}/async_pp.yaml, `data`); losses in nats "
             "per token")
     paired = ("every number of a row is over the row's paired seeds (`seeds`): a seed on which one of the row's runs "
@@ -257,11 +260,30 @@ def lr_selection_table(doc: dict) -> pd.DataFrame:
     return df[[k for k in df.columns if not k.startswith("loss_x")] + losses]
 
 
-def write_lr_selection(doc: dict, table_csv: str) -> None:
+CHECK_COLS = ("check_steps", "check_half", "check_chosen", "check_twice", "check_multiplier", "check")
+
+
+def write_lr_selection(doc: dict, table_csv: str, check_rows: list[dict] | None = None) -> None:
+    """The selection table; with `check_rows` (lr_select.check) each sync and 2bw row also gets its check at the
+    longer budget: the final losses at half, at and twice the chosen multiplier, what the rule picks there, and
+    whether that holds."""
     seeds = sorted({r["seed"] for c in doc["choices"] for r in c["grid"]})
     base = ", ".join(f"x{m:g}" for m in doc["base_multipliers"])
     sds = ", ".join(f"{o} {v:g}" for o, v in (doc.get("near_tie_sd") or {}).items()) or "none (exact ties only)"
-    write_table(lr_selection_table(doc), table_csv,
+    df = lr_selection_table(doc)
+    notes = []
+    if check_rows:
+        check = pd.DataFrame(check_rows)[["optimizer", "momentum", "schedule", *CHECK_COLS]]
+        df = df.merge(check, on=["optimizer", "momentum", "schedule"], how="left", validate="one_to_one")
+        steps = ", ".join(str(n) for n in sorted({int(r["check_steps"]) for r in check_rows}))
+        moved = [f"{r['optimizer']} {r['momentum']:g} {r['schedule']} ({r['check']})" for r in check_rows
+                 if r["check"] != "holds"]
+        notes.append(f"the check (lr_selection.check_steps = {steps}): each sync and 2bw arm at half, at and twice "
+                     "its chosen multiplier (check_half, check_chosen, check_twice: final validation loss), on the "
+                     "selection seed, judged by the same rule (near-tie sd included); check_multiplier = what the "
+                     "rule picks there, check = holds or where the choice moves. Not holding: "
+                     + ("; ".join(moved) if moved else "none"))
+    write_table(df, table_csv,
                 title="Study B: learning-rate selection, each arm (sync, 2bw, PipeDream per depth) on its own grid",
                 notes=[f"scale {doc['scale']}; rule: {RULE}", f"selection seed(s) {seeds} (not evaluation seeds); "
                        "loss_x<m> = final validation loss of the row's schedule at m x the default LR, nan = "
@@ -273,4 +295,4 @@ def write_lr_selection(doc: dict, table_csv: str) -> None:
                        "(Snakemake checkpoint async_pp_lr_round); bracketed = the best point has a grid point on both "
                        "sides (False: it is still at an edge after lr_selection.max_extensions points)",
                        f"near_tie = the next smaller point was within the optimizer's seed-to-seed sd of the best "
-                       f"(best_multiplier) and was chosen instead (one step; sd per optimizer: {sds})"])
+                       f"(best_multiplier) and was chosen instead (one step; sd per optimizer: {sds})", *notes])
