@@ -87,15 +87,20 @@ class GridRounds:
 
     `runs(points)`: the metrics.json of the configured grid (points None) or of the points a round lists."""
 
-    def __init__(self, checkpoint: str, runs, max_extensions: int):
+    def __init__(self, checkpoint: str, runs, max_extensions: int, check=None):
         self.checkpoint, self.runs, self.bound = checkpoint, runs, 2 * max_extensions
+        self.check = check  # check(doc, path): raises where a (committed) round document is not this config's grid
 
     def _doc(self, checkpoints, k: int) -> dict:
         """Round k's document; raises Snakemake's IncompleteCheckpointException until that round has run."""
         import json
 
-        with open(getattr(checkpoints, self.checkpoint).get(round=str(k)).output[0]) as f:
-            return json.load(f)
+        path = getattr(checkpoints, self.checkpoint).get(round=str(k)).output[0]
+        with open(path) as f:
+            doc = json.load(f)
+        if self.check is not None:
+            self.check(doc, path)
+        return doc
 
     def through(self, checkpoints, k: int) -> list[str]:
         """The grid runs of rounds 0..k: the configured grid, then each earlier round's extension."""

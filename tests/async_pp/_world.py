@@ -84,7 +84,8 @@ def _runs(world: dict, cfg: StudyConfig = CFG, loss=None) -> pd.DataFrame:
     loss = loss or (lambda c: _loss(world, c))
     return pd.DataFrame([{"optimizer": c.optimizer, "lr": c.lr, "head": c.head, "schedule": c.schedule,
                           "mitigation": c.mitigation, "depth": c.depth, "momentum": c.momentum, "steps": c.steps,
-                          "seed": c.seed, "status": "ok", "final_val_loss": loss(c), "run_dir": c.dir(ROOT)}
+                          "seed": c.seed, "width": c.width, "status": "ok", "final_val_loss": loss(c),
+                          "run_dir": c.dir(ROOT)}
                          for c in cells(cfg)])
 
 

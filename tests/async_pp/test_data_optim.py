@@ -70,7 +70,8 @@ def test_registry_names_and_momentum_mapping():
     cfg = model_config(vocab_size=40, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=8)
     m = build_model(cfg, 0)
     named = list(m.named_parameters())
-    where = {"adamw": lambda g: g["betas"][0], "muon": lambda g: g["momentum"], "muon_all": lambda g: g["momentum"], "soap": lambda g: g["betas"][0],
+    where = {"adamw": lambda g: g["betas"][0], "muon": lambda g: g["momentum"], "muon_all": lambda g: g["momentum"],
+             "soap": lambda g: g["betas"][0],
              "adan": lambda g: g["betas"][0], "lion": lambda g: g["betas"][1], "mars": lambda g: g["betas"][0]}
     for name in OPTIMIZERS:
         opt = build_optimizer(name, named, momentum=0.77)

@@ -8,6 +8,7 @@ import copy
 import json
 import math
 
+import numpy as np
 import pytest
 
 from gradfidelity.errors import UserError
@@ -79,7 +80,7 @@ def test_the_check_plans_each_sync_and_2bw_choice_and_its_neighbours_at_the_long
     doc = _round_doc({("adamw", 0.9, "sync"): {0.5: 2.0, 1: 1.9, 2: 1.95},
                       ("muon", 0.95, "2bw"): {0.5: 2.0, 1: 1.97, 2: 1.96}})  # muon: a near-tie at sd 0.05
     choices = round_choices(doc, {"muon": 0.05})
-    assert choices == {("adamw", 0.9, "sync", 1): 1.0, ("muon", 0.95, "2bw", 1): 1.0}
+    assert choices == {("adamw", 0.9, "sync", 1, 0): 1.0, ("muon", 0.95, "2bw", 1, 0): 1.0}
     planned = check_cells(cfg, choices)
     assert {(c.optimizer, c.schedule, c.lr) for c in planned} == {
         (o, s, lr_label(k)) for o, s in (("adamw", "sync"), ("muon", "2bw")) for k in (0.5, 1, 2)}
@@ -127,3 +128,133 @@ def _fake_loader(paths, scale):
         rec = json.loads(open(p).read())
         out.append({**rec, "path": p, "run_dir": p.rsplit("/", 1)[0]})
     return out
+
+
+# ------------------------------------------------------------------------------------------ the width ladder
+def _width_cfg(seeds_64: int = 3):
+    section = copy.deepcopy(_SECTION)
+    section["sweeps"]["main"] = {"optimizers": [*section["sweeps"]["main"]["optimizers"], "muon_all"]}
+    section["sweeps"]["width"] = {"widths": [{"d_model": 64, "steps": 2 * section["train"]["steps"],
+                                              "optimizers": ["adamw", "muon", "muon_all"], "seeds": seeds_64}]}
+    return study(section, seeds=3)
+
+
+def _width_world(f_at_64: dict):
+    """HOLDS at the model's own width; at d 64 the f given per optimizer (the same on every seed)."""
+    from tests.async_pp._world import _loss, sync_loss
+
+    def loss(c):
+        if c.width != 64 or c.schedule == "sync":
+            return _loss(HOLDS, c) if c.optimizer != "muon_all" else sync_loss(c.steps * (
+                1.0 if c.schedule == "sync" else 0.9), c.seed)
+        return sync_loss(f_at_64[c.optimizer] * c.steps, c.seed)
+    return loss
+
+
+def test_the_width_ladder_plans_each_width_at_its_own_budget_grid_and_ladder():
+    cfg = _width_cfg()
+    T, Tw = cfg.train.steps, 2 * cfg.train.steps
+    at64 = [c for c in cells(cfg) if c.width == 64]
+    grid = [c for c in at64 if c.seed == cfg.lr_selection.seed]
+    assert {c.steps for c in grid} == {Tw} and {c.schedule for c in grid} == {"sync", "2bw"}
+    assert {c.optimizer for c in grid} == {"adamw", "muon", "muon_all"}
+    ev = [c for c in at64 if c.seed != cfg.lr_selection.seed]
+    assert {c.steps for c in ev if c.schedule == "sync"} == {round(n * Tw / T) for n in cfg.sweeps.ladder.steps}
+    assert {c.steps for c in ev if c.schedule == "2bw"} == {Tw, 2 * Tw} and {c.lr for c in ev} == {"tuned", "own"}
+    assert all(c.dir("r").startswith("r/width~64/optimizer~") for c in at64)
+    base = [c for c in cells(cfg) if not c.width]  # the model's own width keeps its paths, without a prefix
+    assert all(c.dir("r").startswith("r/optimizer~") and "width" not in c.wildcards() for c in base)
+
+
+def test_the_claims_read_the_widest_width_that_ran_with_the_narrower_beside_it():
+    cfg = _width_cfg()
+    runs = _runs(HOLDS, cfg, loss=_width_world({"adamw": 0.3, "muon": 0.99, "muon_all": 0.98}))
+    values = claims(Gaps(runs, cfg), "cpu")["values"]
+    b2 = values["B2"]
+    assert b2["estimate"] == pytest.approx(0.01, abs=1e-9)  # d 64's Muon, not d 32's (HOLDS: 0.03 there)
+    assert "read at d 64" in b2["detail"] and "narrower widths (readings): d 32 (3 seeds): lost 0.03" in b2["detail"]
+    assert "muon_all (the embedding and head on Muon too) at d 64: lost 0.020" in b2["detail"]
+    assert any("/width~64/" in s for s in b2["sources"])
+    assert values["B1-abs"]["estimate"] == pytest.approx(0.7, abs=1e-9)
+    # the false case: at d 64 Muon loses half its compute, so B2 is read there and fails, whatever d 32 says
+    runs = _runs(HOLDS, cfg, loss=_width_world({"adamw": 0.3, "muon": 0.5, "muon_all": 0.5}))
+    assert claims(Gaps(runs, cfg), "cpu")["values"]["B2"]["estimate"] == pytest.approx(0.5, abs=1e-9)
+    # a width whose runs are not there is not read: the model's own width decides, and no seed counts as missing
+    values = claims(Gaps(runs[runs["width"] == 0], cfg), "cpu")["values"]
+    assert values["B2"]["estimate"] == pytest.approx(0.03, abs=0.002) and not values["B2"].get("diverged")
+
+
+def test_a_width_whose_steps_miss_the_tokens_per_parameter_is_refused_naming_the_key():
+    section = copy.deepcopy(_SECTION)
+    section["data"] = {"corpus": "file", "path": "x.txt", "bpe_vocab": 512}
+    section["train"] = {**section["train"], "batch_size": 32, "seq_len": 64}
+    section["sweeps"]["width"] = {"tokens_per_parameter": 15.0,
+                                  "widths": [{"d_model": 64, "steps": 1400, "optimizers": ["muon"], "seeds": 2}]}
+    with pytest.raises(UserError, match=r"sweeps.width.widths\[0\].steps.*1563 steps"):
+        study(section)
+    section["sweeps"]["width"]["widths"][0]["steps"] = 1563
+    assert study(section).sweeps.width.rung(64).steps == 1563
+
+
+def test_the_parameter_count_of_a_width_is_the_built_models():
+    import torch  # noqa: F401  (the model)
+
+    from gradfidelity.studies.async_pp.model import build_model, n_params
+
+    cfg = study()
+    for d in (32, 64, 128):
+        for tied in (False, True):
+            m = cfg.model.at_width(d)
+            from dataclasses import replace
+            built = build_model(replace(m, tie_embeddings=tied, vocab_size=512), seed=0)
+            assert n_params(built) == m.n_params(512, tied), (d, tied)
+
+
+def test_the_width_table_and_figure_show_each_width_with_its_budget_and_f(tmp_path):
+    from gradfidelity.studies.async_pp.figures import fig_width
+    from gradfidelity.studies.async_pp.tables import width_table
+
+    cfg = _width_cfg()
+    runs = _runs(HOLDS, cfg, loss=_width_world({"adamw": 0.3, "muon": 0.99, "muon_all": 0.98}))
+    runs["n_params"] = [cfg.model.at_width(w or 32).n_params(40, False) for w in runs["width"]]
+    table = width_table(Gaps(runs, cfg)).set_index(["d_model", "optimizer"])
+    assert table.loc[(64, "muon"), "f_T"] == pytest.approx(0.99) and table.loc[(32, "muon"), "f_T"] == \
+        pytest.approx(0.97, abs=0.002)
+    assert table.loc[(64, "muon"), "T"] == 2 * cfg.train.steps and table.loc[(64, "muon"), "seeds"] == 3
+    share = table.loc[(64, "muon"), "embed_head_share"]
+    assert share == pytest.approx(2 * 40 * 64 / cfg.model.at_width(64).n_params(40, False))
+    assert table.loc[(32, "muon"), "embed_head_share"] > share  # the embedding's share falls with the width
+    fig_width(Gaps(runs, cfg), str(tmp_path / "w.png"))
+    assert (tmp_path / "w.png").stat().st_size > 0
+
+
+def test_the_ladder_extension_reads_an_f_above_the_ladder_and_claim_seeds_do_without_it():
+    from gradfidelity.studies.async_pp.pairing import Spec, fractions
+    from tests.async_pp._world import _loss, sync_loss
+
+    section = copy.deepcopy(_SECTION)
+    section["sweeps"]["ladder"] = {"steps": [5, 15, 30, 60, 120], "extend": {"optimizers": ["muon"], "steps": [240]}}
+    section["claim_seeds"] = {"B9-taylor": 5}
+    cfg = study(section, seeds=3)
+    ext = [c for c in eval_cells(cfg) if c.steps == 240]
+    assert ext and {c.seed for c in ext} == {0, 1, 2} and {c.momentum for c in ext} == {0.95}  # default only
+    T2 = 2 * cfg.train.steps
+
+    def loss(c):  # Muon's plain 2bw at 2T ends where sync needs 1.5 x 2T: an f above the ladder's top
+        if c.optimizer == "muon" and c.schedule == "2bw" and c.mitigation == "none" and c.steps == T2 \
+                and c.lr == "own":
+            return sync_loss(1.5 * T2, c.seed)
+        return _loss(HOLDS, c)
+
+    runs = _runs(HOLDS, cfg, loss=loss)
+    g = Gaps(runs, cfg)
+    fr = fractions(g.at(steps=T2), {"m": Spec("muon", "2bw")})
+    # read off the 240 rung on seeds 0-2; seeds 3-4 (B9-taylor's, no 240 rung there) say it is outside the ladder
+    assert fr.p.seeds == [0, 1, 2, 3, 4] and fr.f["m"][:3] == pytest.approx([1.5] * 3)
+    assert np.isnan(fr.f["m"][3:]).all() and "seed 3" in fr.defined("m") and "seed 0" not in fr.defined("m")
+    assert any("steps~240" in d for d in fr.p.sources)
+    # the false case: without the extension's runs the same f is outside the ladder, named, never extrapolated
+    fr = fractions(Gaps(runs[runs["steps"] != 240], cfg).at(steps=T2), {"m": Spec("muon", "2bw")})
+    assert np.isnan(fr.f["m"]).all() and "better than sync at 120 steps" in fr.defined("m")
+    # the added seeds (no 240 rung planned there) are read by the claim that added them
+    assert claims(g, "cpu")["values"]["B9-taylor"]["n"] == 5

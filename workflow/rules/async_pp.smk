@@ -86,6 +86,23 @@ rule async_pp_train:
         "{params.data} --threads {params.threads} > {log} 2>&1"
 
 
+# The same rule on the width ladder (sweeps.width, issue 60): its cells live under `width~<d_model>/`, so the model's
+# own width keeps every earlier record where it was.
+use rule async_pp_train as async_pp_train_width with:
+    input:
+        unpack(unless_committed("async_pp_train_width", f"{ASYNC_PP_ROOT}/{_ap_plan.WIDTH_PREFIX}{_ap_plan.PATTERN}",
+                                _ap_rules.train_input(given_lr_selection(ASYNC_PP_SELECTION), ASYNC_PP_DATA),
+                                identity=ASYNC_PP_IDENTITY)),
+    output:
+        f"{ASYNC_PP_ROOT}/{_ap_plan.WIDTH_PREFIX}{_ap_plan.PATTERN}",
+    log:
+        f"{ASYNC_PP_ROOT}/logs/{_ap_plan.WIDTH_PREFIX}{_ap_plan.RUN_DIR}.log",
+    benchmark:
+        f"{ASYNC_PP_ROOT}/{_ap_plan.WIDTH_PREFIX}{_ap_plan.RUN_DIR}/benchmark.tsv"
+    resources:
+        **rule_resources("async_pp_train_width"),
+
+
 # The LR grid in rounds: round k reads the grid runs so far and lists the points round k+1 adds (2x past a winning
 # edge); Snakemake re-evaluates the DAG after each round (a checkpoint), and the selection waits for the first
 # round that adds nothing (lr_select.py).
@@ -199,6 +216,8 @@ rule async_pp_tables:
         length_md=report(f"{TABLES}/async_pp_length.md", category="async_pp"),
         momentum=f"{TABLES}/async_pp_momentum.csv",
         momentum_md=report(f"{TABLES}/async_pp_momentum.md", category="async_pp"),
+        width=f"{TABLES}/async_pp_width.csv",
+        width_md=report(f"{TABLES}/async_pp_width.md", category="async_pp"),
     params:
         cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "tables"),
         gf=GF,
@@ -213,7 +232,7 @@ rule async_pp_tables:
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} "
         "--scale {params.scale} --main-table {output.main} --mitigations-table {output.mitigations} "
-        "--length-table {output.length} --momentum-table {output.momentum} > {log} 2>&1"
+        "--length-table {output.length} --momentum-table {output.momentum} --width-table {output.width} > {log} 2>&1"
 
 
 rule async_pp_figures:
@@ -225,6 +244,7 @@ rule async_pp_figures:
         depth=report(f"{FIGURES}/async_pp_depth.png", category="async_pp"),
         ladder=report(f"{FIGURES}/async_pp_ladder.png", category="async_pp"),
         curves=report(f"{FIGURES}/async_pp_curves.png", category="async_pp"),
+        width=report(f"{FIGURES}/async_pp_width.png", category="async_pp"),
     params:
         cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "figures"),
         gf=GF,
@@ -239,7 +259,7 @@ rule async_pp_figures:
     shell:
         "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --curves {input.curves} --scale {params.scale} "
         "--fig-momentum {output.momentum} --fig-depth {output.depth} --fig-ladder {output.ladder} "
-        "--fig-curves {output.curves} > {log} 2>&1"
+        "--fig-curves {output.curves} --fig-width {output.width} > {log} 2>&1"
 
 
 rule async_pp_claims:

@@ -60,7 +60,8 @@ def aggregate(metrics_paths: list[str], runs_csv: str, curves_csv: str, scale: s
         for step, tokens, val in (m.get("curve") or []) if ok else []:
             curve_rows.append({**key, "step": step, "tokens": tokens, "val_loss": val})
     atomic_write_csv(pd.DataFrame(rows), runs_csv)
-    atomic_write_csv(pd.DataFrame(curve_rows, columns=[*KEYS, "seed", "step", "tokens", "val_loss"]), curves_csv)
+    columns = [*KEYS, "seed", "width", "step", "tokens", "val_loss"]
+    atomic_write_csv(pd.DataFrame(curve_rows, columns=columns), curves_csv)
 
 
 def read_runs(runs_csv: str, scale: str) -> pd.DataFrame:

@@ -105,12 +105,52 @@ def _gates(g: Gaps, cid: str, keys, steps: int | None = None) -> list[dict]:
     if g.gate_mode == "none":
         return []
     check = transient if g.gate_mode == "transient" else sync_falls
-    out = [check(g, o, momentum=m, head=h, steps=steps, level=level_for(cid)) for o, m, h in keys]
+    out = [check(g, o, momentum=m, head=h, steps=steps, level=level_for(cid), width=w) for o, m, h, w in keys]
     return [x[0] if isinstance(x, tuple) else x for x in out]
 
 
-def _key(opt: str, momentum: float | None = None, head: str | None = None) -> tuple:
-    return opt, momentum, head
+def _key(opt: str, momentum: float | None = None, head: str | None = None, width: int = 0) -> tuple:
+    return opt, momentum, head, width
+
+
+def widths_read(g: Gaps, optimizers: tuple[str, ...], min_n: int = 3) -> list[int]:
+    """The widths (0 = the model's own) at which the f of every one of `optimizers` has at least `min_n` paired seeds
+    at T (the claims' min_n), narrowest first (issue 60: B1, B1-abs and B2 read the widest, each narrower one is a
+    reading beside it). Decided on the T view, so that both budgets of the budget rule read the same width."""
+    base = g.at(steps=g.cfg.train.steps)
+    out = [0]
+    for w in sorted(r.d_model for r in g.cfg.sweeps.width.widths if set(optimizers) <= set(r.optimizers)):
+        if fractions(base, {o: Spec(o, "2bw", width=w) for o in optimizers}).n >= min_n:
+            out.append(w)
+    return out
+
+
+def _width_name(g: Gaps, width: int) -> str:
+    return f"d {width or g.cfg.model.d_model}"
+
+
+def _width_readings(g: Gaps, cid: str, optimizers: tuple[str, ...], read: int, widths: list[int], stat) -> str:
+    """'; read at d 64, the widest width that ran; narrower: d 32: <stat>' (the width ladder, issue 60), where
+    `stat(fr)` is the claim's statistic on one width's fractions as text; '' without a width ladder."""
+    if len(widths) < 2 and not g.cfg.sweeps.width.widths:
+        return ""
+    text = f"; read at {_width_name(g, read)}, the widest width with the claim's min_n paired seeds"
+    other = [w for w in widths if w != read]
+    if other:
+        parts = []
+        for w in other:
+            fr = fractions(g, {o: Spec(o, "2bw", width=w) for o in optimizers})
+            parts.append(f"{_width_name(g, w)} ({fr.n} seeds): {stat(fr)}" if fr.n >= 2 and not
+                         fr.defined(*optimizers) else f"{_width_name(g, w)}: undefined")
+        text += "; narrower widths (readings): " + "; ".join(parts)
+    return text
+
+
+def _mean_text(values, level: float) -> str:
+    from gradfidelity.stats.intervals import t_interval
+
+    ci = t_interval(np.asarray(values, dtype=float), level)
+    return f"{ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}]" if ci.low is not None else f"{ci.estimate:.3f}"
 
 
 def _kw(fr: Fractions, src: list[str]) -> dict:
@@ -160,8 +200,15 @@ def _with_seeds(rec: dict, fr: Fractions, values, what: str) -> dict:
 
 
 def _b1(g: Gaps, src: list[str]) -> dict[str, dict]:
-    fr = fractions(g, {"adamw": Spec("adamw", "2bw"), "muon": Spec("muon", "2bw")})
-    gates = _gates(g, "B1", [_key("adamw"), _key("muon")])
+    widths = widths_read(g, ("adamw", "muon"))
+    w = widths[-1]
+    fr = fractions(g, {"adamw": Spec("adamw", "2bw", width=w), "muon": Spec("muon", "2bw", width=w)})
+    gates = _gates(g, "B1", [_key("adamw", width=w), _key("muon", width=w)])
+    level = level_for("B1")
+    at_width = _width_readings(
+        g, "B1", ("adamw", "muon"), w, widths,
+        lambda f: f"f(Muon) - f(AdamW) {_mean_text(f.f['muon'] - f.f['adamw'], level)}, AdamW lost "
+                  f"{_mean_text(f.lost('adamw'), level)}")
     what = "f(Muon) - f(AdamW) and lost(AdamW) - 3 lost(Muon)"
     blocked = _blocked(fr, what, src, gates, "adamw", "muon")
     if blocked:
@@ -178,18 +225,48 @@ def _b1(g: Gaps, src: list[str]) -> dict[str, dict]:
                      detail=f"Muon keeps more of its compute than AdamW (difference > 0) and AdamW's log compute "
                             f"multiplier log(1/f) is at least {B1_FACTOR:g}x Muon's (ratio part > 0); lost per seed "
                             f"adamw {fr.p.per_seed(lost_a)}, muon {fr.p.per_seed(lost_m)}; log(1/f) per seed adamw "
-                            f"{fr.p.per_seed(mult_a)}, muon {fr.p.per_seed(mult_m)}")
+                            f"{fr.p.per_seed(mult_a)}, muon {fr.p.per_seed(mult_m)}{at_width}")
     if fr.p.diverged:
         rec["diverged"] = fr.p.diverged
-    return {"B1": rec, "B1-abs": _stat("B1-abs", fr, lost_a, "AdamW 2bw lost compute 1 - f", src, gates[:1],
-                                       names=("adamw",))}
+    widths_a = widths_read(g, ("adamw",))
+    if widths_a[-1] == w:
+        b1_abs = _stat("B1-abs", fr, lost_a, "AdamW 2bw lost compute 1 - f", src, gates[:1], names=("adamw",))
+    else:  # AdamW ran at a wider width than Muon: B1-abs reads it there
+        fa = fractions(g, {"adamw": Spec("adamw", "2bw", width=widths_a[-1])})
+        gates_a = _gates(g, "B1-abs", [_key("adamw", width=widths_a[-1])])
+        b1_abs = _blocked(fa, "AdamW 2bw lost compute", src, gates_a, "adamw") or _stat(
+            "B1-abs", fa, fa.lost("adamw"), "AdamW 2bw lost compute 1 - f", src, gates_a)
+    b1_abs["detail"] += _width_readings(g, "B1-abs", ("adamw",), widths_a[-1], widths_a,
+                                        lambda f: f"lost {_mean_text(f.lost('adamw'), level_for('B1-abs'))}")
+    return {"B1": rec, "B1-abs": b1_abs}
 
 
 def _b2(g: Gaps, src: list[str]) -> dict:
-    fr = fractions(g, {"muon": Spec("muon", "2bw")})
-    gates = _gates(g, "B2", [_key("muon")])
+    widths = widths_read(g, ("muon",))
+    w = widths[-1]
+    fr = fractions(g, {"muon": Spec("muon", "2bw", width=w)})
+    gates = _gates(g, "B2", [_key("muon", width=w)])
     what = "Muon 2bw lost compute 1 - f"
-    return _blocked(fr, what, src, gates, "muon") or _stat("B2", fr, fr.lost("muon"), what, src, gates)
+    rec = _blocked(fr, what, src, gates, "muon") or _stat("B2", fr, fr.lost("muon"), what, src, gates)
+    level = level_for("B2")
+    rec["detail"] += _width_readings(g, "B2", ("muon",), w, widths,
+                                     lambda f: f"lost {_mean_text(f.lost('muon'), level)}")
+    # the Muon-embedding arm (issue 60): Muon on every matrix, at the same width, beside the claim's arm
+    if "muon_all" in _optimizers_at(g, w):
+        fa = fractions(g, {"muon_all": Spec("muon_all", "2bw", width=w)})
+        rec["detail"] += (f"; beside it, muon_all (the embedding and head on Muon too) at {_width_name(g, w)}: "
+                          + (f"lost {_mean_text(fa.lost('muon_all'), level)} ({fa.n} seeds)"
+                             if fa.n >= 2 and not fa.defined("muon_all") else "undefined"))
+    return rec
+
+
+def _optimizers_at(g: Gaps, width: int) -> set[str]:
+    """The optimizers whose f the plan trains at `width` (0: every f key's)."""
+    from gradfidelity.studies.async_pp.plan import f_keys
+
+    if not width:
+        return {o for o, _m, _h in f_keys(g.cfg)}
+    return set(g.cfg.sweeps.width.rung(width).optimizers)
 
 
 def _b3(g: Gaps, src: list[str]) -> dict:
@@ -990,6 +1067,8 @@ def write_claims(runs_csv: str, cfg: StudyConfig, scale: str, path: str, tables:
     from pathlib import Path
 
     selection = pd.read_csv(lr_selection_table) if lr_selection_table else None
+    if selection is not None and "width" in selection.columns:  # the width ladder's choices have no near-tie cells
+        selection = selection[selection["width"] == 0]
     given = [t for t in tables or [] if t]
     drift = read_drift([t for t in given if Path(t).name.startswith("drift_") and t.endswith(".csv")])
     doc, readings, near, untrained = _evidence(Gaps(read_runs(runs_csv, scale), cfg), scale, [runs_csv, *given],

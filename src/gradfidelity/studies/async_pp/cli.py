@@ -105,12 +105,13 @@ def _report(args) -> int:
         from gradfidelity.studies.async_pp.tables import write_tables
 
         write_tables(Gaps(read_runs(args.runs, args.scale), cfg), args.main_table, args.mitigations_table,
-                     args.scale, args.length_table, args.momentum_table)
+                     args.scale, args.length_table, args.momentum_table, args.width_table)
     if args.fig_momentum:
         from gradfidelity.studies.async_pp.figures import write_figures
 
         write_figures(args.runs, args.curves, cfg, {"momentum": args.fig_momentum, "depth": args.fig_depth,
-                                                     "ladder": args.fig_ladder, "curves": args.fig_curves})
+                                                     "ladder": args.fig_ladder, "curves": args.fig_curves,
+                                                     "width": args.fig_width})
     if args.claims:
         from gradfidelity.studies.async_pp.claims import write_claims
 
@@ -201,8 +202,8 @@ def register(sub) -> None:
     p.add_argument("--runs", required=True)
     p.add_argument("--curves")
     p.add_argument("--scale", required=True)
-    for opt in ("main-table", "mitigations-table", "length-table", "momentum-table", "fig-momentum", "fig-depth",
-                "fig-ladder", "fig-curves", "claims", "budget-table", "near-tie-table"):
+    for opt in ("main-table", "mitigations-table", "length-table", "momentum-table", "width-table", "fig-momentum",
+                "fig-depth", "fig-ladder", "fig-curves", "fig-width", "claims", "budget-table", "near-tie-table"):
         p.add_argument(f"--{opt}")
     p.add_argument("--lr-selection-table", help="the LR-selection table (its near-tie rows: the claims' near-tie "
                    "reading, written to --near-tie-table)")

@@ -118,6 +118,18 @@ class ModelConfig:
         units let a 3-layer smoke model still be cut into 8 pipeline stages."""
         return 2 * self.n_layers + 2
 
+    def at_width(self, d_model: int) -> ModelConfig:
+        """The same model at hidden size `d_model` (the width ladder): d_ff in proportion, everything else fixed."""
+        return replace(self, d_model=int(d_model), d_ff=round(self.d_ff * d_model / self.d_model))
+
+    def n_params(self, vocab_size: int, tied: bool) -> int:
+        """Parameters of model.py's decoder at this shape (tests/async_pp check it against the built model): the
+        embedding, per block q/o (d x d), k/v (d x kv heads x head dim), SwiGLU (3 d d_ff) and two gains, the
+        final gain, and the head unless tied."""
+        d, hd = self.d_model, self.d_model // self.n_heads
+        block = 2 * d * d + 2 * d * self.n_kv_heads * hd + 3 * d * self.d_ff + 2 * d
+        return vocab_size * d + self.n_layers * block + d + (0 if tied else vocab_size * d)
+
     def with_vocab(self, vocab_size: int) -> ModelConfig:
         """The tokenizer's vocabulary where the config leaves it to the tokenizer (vocab_size 0)."""
         return replace(self, vocab_size=vocab_size) if self.vocab_size == 0 else self
@@ -232,6 +244,29 @@ class NearTieArm:
 
 
 @dataclass(frozen=True)
+class WidthRung:
+    """One width of the width ladder: the model at `d_model`, trained for `steps` (its T) on `seeds` seeds."""
+
+    d_model: int
+    steps: int
+    optimizers: tuple[str, ...]
+    seeds: int
+
+
+@dataclass(frozen=True)
+class WidthSweep:
+    tokens_per_parameter: float | None
+    widths: tuple[WidthRung, ...]
+
+    def rung(self, d_model: int) -> WidthRung:
+        for w in self.widths:
+            if w.d_model == d_model:
+                return w
+        raise UserError(f"async_pp: width {d_model} is not in sweeps.width.widths "
+                        f"{[w.d_model for w in self.widths]}")
+
+
+@dataclass(frozen=True)
 class Sweeps:
     main: MainSweep
     mitigation: MitigationSweep
@@ -240,6 +275,7 @@ class Sweeps:
     length: LengthSweep
     ladder: Ladder
     near_tie: tuple[NearTieArm, ...]
+    width: WidthSweep
 
 
 @dataclass(frozen=True)
@@ -302,6 +338,8 @@ class StudyConfig:
 
         if self.sweeps is not None and self.train is not None:
             self._check_ladder()
+        if self.sweeps is not None and self.model is not None and self.train is not None:
+            self._check_widths()
         if self.lr_selection is not None and self.lr_selection.check_steps is not None and self.train is not None \
                 and self.lr_selection.check_steps <= (self.lr_selection.steps or self.train.steps):
             raise _bad("lr_selection.check_steps", f"{self.lr_selection.check_steps} is not above the grid's budget "
@@ -332,6 +370,31 @@ class StudyConfig:
     def all_seeds(self) -> int:
         """The evaluation seeds of any cell: `seeds`, or more where `claim_seeds` asks for them."""
         return max([self.seeds or 0, *(self.claim_seeds or {}).values()])
+
+    def _check_widths(self) -> None:
+        """Each width is another width than the model's, fits its heads, and (where the vocabulary is known before
+        the run: a file corpus's bpe_vocab, or model.vocab_size) holds tokens_per_parameter within 1%."""
+        ws, tied = self.sweeps.width, self.model.tie_embeddings
+        vocab = self.model.vocab_size or (self.data.bpe_vocab if self.data is not None and self.data.corpus == "file"
+                                          else 0)
+        for i, w in enumerate(ws.widths):
+            key = f"sweeps.width.widths[{i}]"
+            if w.d_model == self.model.d_model:
+                raise _bad(key, f"d_model {w.d_model} is the model's own width (the base rung of the ladder)")
+            if w.d_model % self.model.n_heads or (w.d_model // self.model.n_heads) % 2:
+                raise _bad(key, f"d_model {w.d_model} must divide by n_heads {self.model.n_heads} into an even "
+                           "head dim (RoPE)")
+            if ws.tokens_per_parameter and vocab:
+                n = self.model.at_width(w.d_model).n_params(vocab, tied)
+                want = ws.tokens_per_parameter * n / self.train.tokens_per_step
+                if abs(w.steps - want) > 0.01 * want:
+                    raise _bad(f"{key}.steps", f"{w.steps} steps of {self.train.tokens_per_step} tokens is "
+                               f"{w.steps * self.train.tokens_per_step / n:.2f} tokens a parameter at d {w.d_model} "
+                               f"({n} parameters), not tokens_per_parameter {ws.tokens_per_parameter:g}: "
+                               f"{round(want)} steps")
+            unknown = [o for o in w.optimizers if o not in OPTIMIZERS]
+            if unknown:
+                raise _bad(f"{key}.optimizers", f"{unknown} are not optimizers")
 
     def need(self, *sections: str) -> StudyConfig:
         """Self, once every named section is there: a job names what it reads, and a rule that did not pass it

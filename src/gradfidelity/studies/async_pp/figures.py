@@ -15,7 +15,7 @@ from gradfidelity.plots import new_figure, save_figure, style_axes
 from gradfidelity.studies.async_pp.config import StudyConfig
 from gradfidelity.studies.async_pp.pairing import Gaps, Spec, fractions
 from gradfidelity.studies.async_pp.plan import default_momentum
-from gradfidelity.studies.async_pp.tables import length_table, momentum_table
+from gradfidelity.studies.async_pp.tables import length_table, momentum_table, width_table
 
 
 def _line(ax, xs, ys, label, **kw):
@@ -86,13 +86,36 @@ def fig_ladder(g: Gaps, path: str) -> None:
                                    "not fall with the budget.")
 
 
+def fig_width(g: Gaps, path: str) -> None:
+    """Lost compute 1 - f at T against the width (the width ladder, issue 60), per optimizer, with its interval;
+    muon_all (Muon on the embedding and head too) dashed beside Muon."""
+    fig, axes = new_figure()
+    ax = axes[0, 0]
+    table = width_table(g)
+    for i, (opt, rows) in enumerate(table.groupby("optimizer", sort=False)):
+        rows = rows.dropna(subset=["f_T"])
+        if not len(rows):
+            continue
+        lost = 100 * (1 - rows.f_T)
+        yerr = np.vstack([100 * (rows.f_T_high - rows.f_T), 100 * (rows.f_T - rows.f_T_low)]).clip(min=0)
+        ax.errorbar(rows.d_model, lost, yerr=np.nan_to_num(yerr), marker="o", capsize=2, label=opt, color=f"C{i}",
+                    ls="--" if opt == "muon_all" else "-")
+    ax.set_xscale("log", base=2)
+    ax.axhline(0, color="grey", lw=0.8)
+    style_axes(ax, "Lost compute vs width (each width at its T)", "d_model", "lost compute 1 - f, % of T")
+    ax.legend(fontsize=7)
+    save_figure(fig, path, caption="The paper's scale argument, as far as this machine reaches: B2 says Muon loses "
+                                   "about 6% at SmolLM's size; muon_all trains the embedding and head with Muon too.")
+
+
 def fig_curves(curves: pd.DataFrame, g: Gaps, path: str) -> None:
     opts = g.cfg.sweeps.main.optimizers
     ncols = min(3, len(opts))
     nrows = math.ceil(len(opts) / ncols)
     fig, axes = new_figure(ncols=ncols, nrows=nrows, width=3.2, height=2.6)
+    own_width = curves["width"].fillna(0) == 0 if "width" in curves.columns else True
     c = curves[(curves.depth == 1) & (curves.steps == g.steps) & (curves["lr"] == "tuned")
-               & (curves["head"] == g.head)]
+               & (curves["head"] == g.head) & own_width]
     for i, opt in enumerate(opts):
         ax = axes[i // ncols, i % ncols]
         sel = c[(c.optimizer == opt) & np.isclose(c.momentum, default_momentum(opt))]
@@ -116,3 +139,5 @@ def write_figures(runs_csv: str, curves_csv: str, cfg: StudyConfig, paths: dict)
     fig_depth(g, paths["depth"])
     fig_ladder(g, paths["ladder"])
     fig_curves(pd.read_csv(curves_csv), g, paths["curves"])
+    if paths.get("width"):
+        fig_width(g, paths["width"])

@@ -43,6 +43,12 @@ RULE = ("per arm (optimizer, momentum, schedule, depth), the multiplier of the d
 FACTOR = 2.0  # an extension's step past the winning edge
 
 
+def _width(width: int) -> dict:
+    """The `width` field of a selection entry: only on the width ladder (an entry without one is the model's own
+    width, as every document before issue 60)."""
+    return {"width": int(width)} if width else {}
+
+
 def choose(grid: dict[float, float]) -> float:
     """The selected multiplier from {multiplier: final sync val loss (nan = diverged)} (lr_grid.choose)."""
     return lr_grid.choose(grid, higher_is_better=False, what="async_pp")
@@ -56,7 +62,7 @@ def extension(grid: dict[float, float], factor: float = FACTOR) -> list[float]:
     return lr_grid.extension(grid, factor, higher_is_better=False, what="async_pp")
 
 
-Key = tuple[str, float, str, int]  # an arm: optimizer, momentum, schedule, depth
+Key = tuple[str, float, str, int, int]  # an arm: optimizer, momentum, schedule, depth, width (0 = the model's)
 
 
 def _read_grid(metrics_paths: list[str], scale: str) -> dict[Key, list[dict]]:
@@ -71,12 +77,12 @@ def _read_grid(metrics_paths: list[str], scale: str) -> dict[Key, list[dict]]:
             raise UserError(f"{rec['path']}: not an LR-grid run (lr~x<m>, no mitigation)")
         ok = rec["status"] == "ok"
         m = lr_multiplier(c.lr)
-        by_key.setdefault((c.optimizer, c.momentum, c.schedule, c.depth), []).append(
+        by_key.setdefault((c.optimizer, c.momentum, c.schedule, c.depth, c.width), []).append(
             {"multiplier": m, "lr": DEFAULTS[c.optimizer]["lr"] * m,
              "final_val_loss": float(rec["metrics"]["final_val_loss"]) if ok else math.nan,
              "status": rec["status"], "seed": c.seed, "steps": c.steps, "run_dir": rec["run_dir"]})
     return {k: sorted(v, key=lambda r: r["multiplier"])
-            for k, v in sorted(by_key.items(), key=lambda kv: (OPTIMIZERS.index(kv[0][0]), kv[0][1],
+            for k, v in sorted(by_key.items(), key=lambda kv: (kv[0][4], OPTIMIZERS.index(kv[0][0]), kv[0][1],
                                                                   SCHEDULES.index(kv[0][2]), kv[0][3]))}
 
 
@@ -85,14 +91,17 @@ def extension_round(metrics_paths: list[str], scale: str, base: list[float], max
     winner sits at an edge, unless that side already holds `max_extensions` added points)."""
     grid = _read_grid(metrics_paths, scale)
     ext = []
-    for (opt, mom, sched, depth), rows in grid.items():
+    for (opt, mom, sched, depth, width), rows in grid.items():
         losses = {r["multiplier"]: r["final_val_loss"] for r in rows}
         for m in lr_grid.next_points(losses, base, FACTOR, max_extensions, higher_is_better=False, what="async_pp"):
-            ext.append({"optimizer": opt, "momentum": mom, "schedule": sched, "depth": depth, "multiplier": m})
-    return {"study": "async_pp", "scale": scale, "base_multipliers": list(base),
-            "grid": [{"optimizer": o, "momentum": mom, "schedule": sched, "depth": depth,
+            ext.append({"optimizer": opt, "momentum": mom, "schedule": sched, "depth": depth, "multiplier": m,
+                        **_width(width)})
+    budgets = {str(w): sorted({r["steps"] for k, rows in grid.items() if k[4] == w for r in rows})
+               for w in sorted({k[4] for k in grid})}
+    return {"study": "async_pp", "scale": scale, "base_multipliers": list(base), "budgets": budgets,
+            "grid": [{"optimizer": o, "momentum": mom, "schedule": sched, "depth": depth, **_width(width),
                       "losses": {f"{r['multiplier']:g}": r["final_val_loss"] for r in rows}}
-                     for (o, mom, sched, depth), rows in grid.items()],
+                     for (o, mom, sched, depth, width), rows in grid.items()],
             "extension": ext}
 
 
@@ -104,7 +113,7 @@ def select(metrics_paths: list[str], scale: str, base: list[float] | None = None
     whether the best is bracketed (a grid point on both sides of it)."""
     sds = near_tie_sd or {}
     choices = []
-    for (opt, mom, sched, depth), rows in _read_grid(metrics_paths, scale).items():
+    for (opt, mom, sched, depth, width), rows in _read_grid(metrics_paths, scale).items():
         losses = {r["multiplier"]: r["final_val_loss"] for r in rows}
         best = choose(losses)
         sd = float(sds.get(opt, 0.0))
@@ -112,13 +121,26 @@ def select(metrics_paths: list[str], scale: str, base: list[float] | None = None
         mults = [r["multiplier"] for r in rows]
         below, above = lr_grid.added(mults, base or mults)
         edge = best in (mults[0], mults[-1])
-        choices.append({"optimizer": opt, "momentum": mom, "schedule": sched, "depth": depth,
+        choices.append({"optimizer": opt, "momentum": mom, "schedule": sched, "depth": depth, **_width(width),
                         "default_lr": DEFAULTS[opt]["lr"], "multiplier": mult, "lr": DEFAULTS[opt]["lr"] * mult,
                         "best_multiplier": best, "near_tie": tie, "near_tie_sd": sd, "extended": below + above,
                         "at_grid_edge": len(mults) > 1 and edge, "bracketed": len(mults) > 2 and not edge,
                         "grid": rows})
     return {"study": "async_pp", "scale": scale, "rule": RULE, "base_multipliers": list(base or []),
             "near_tie_sd": dict(sds), "choices": choices}
+
+
+def check_round(doc: dict, path: str, budgets: dict[int, int]) -> None:
+    """A round document stands only for a grid at the budgets this config trains it at ({width: steps}; the model's
+    own width is 0): a committed one made at another budget (round 5's at 256 steps, when the grid moved to 512) or
+    before documents named their budgets is refused, naming the file, instead of feeding its extension points to this
+    grid."""
+    want = {str(w): [int(n)] for w, n in sorted(budgets.items())}
+    got = doc.get("budgets")
+    if got != want:
+        raise UserError(f"{path}: this LR round's document stands for a grid at {got or 'unnamed budgets'} "
+                        f"({{width: steps}}), the config's grid is at {want}: move the old rounds aside (with the "
+                        "selection they made) before the new grid runs, e.g. to results/<scale>/archive/")
 
 
 def round_choices(doc: dict, near_tie_sd: dict[str, float] | None = None) -> dict[Key, float]:
@@ -129,7 +151,7 @@ def round_choices(doc: dict, near_tie_sd: dict[str, float] | None = None) -> dic
     out = {}
     for row in doc["grid"]:
         losses = {float(m): float(v) for m, v in row["losses"].items()}
-        key = (row["optimizer"], float(row["momentum"]), row["schedule"], int(row["depth"]))
+        key = (row["optimizer"], float(row["momentum"]), row["schedule"], int(row["depth"]), int(row.get("width", 0)))
         out[key] = lr_grid.near_tie(losses, float(sds.get(row["optimizer"], 0.0)), higher_is_better=False,
                                     what=f"async_pp {key}")[0]
     return out
@@ -150,14 +172,15 @@ def check(selection: dict, check_paths: list[str], scale: str, steps: int,
         if c.lr in (TUNED, OWN) or c.mitigation != "none" or c.steps != steps:
             raise UserError(f"{rec['path']}: not an LR-check run (lr~x<m>, no mitigation, {steps} steps)")
         ok = rec["status"] == "ok"
-        runs.setdefault((c.optimizer, c.momentum, c.schedule, c.depth), {})[lr_multiplier(c.lr)] = \
+        runs.setdefault((c.optimizer, c.momentum, c.schedule, c.depth, c.width), {})[lr_multiplier(c.lr)] = \
             float(rec["metrics"]["final_val_loss"]) if ok else math.nan
     sds = selection.get("near_tie_sd") or {}
     rows = []
     for c in selection["choices"]:
-        if c["schedule"] not in ("sync", "2bw") or (optimizers is not None and c["optimizer"] not in optimizers):
-            continue  # lr_selection.check_optimizers: the arms the check reads
-        key = (c["optimizer"], float(c["momentum"]), c["schedule"], int(c["depth"]))
+        if c["schedule"] not in ("sync", "2bw") or c.get("width", 0) \
+                or (optimizers is not None and c["optimizer"] not in optimizers):
+            continue  # the model's own width, and lr_selection.check_optimizers: the arms the check reads
+        key = (c["optimizer"], float(c["momentum"]), c["schedule"], int(c["depth"]), 0)
         m = float(c["multiplier"])
         got = runs.get(key, {})
         losses = {k: got.get(k, math.nan) for k in (m / 2, m, 2 * m)}
@@ -185,14 +208,17 @@ def write_selection(metrics_paths: list[str], scale: str, out_json: str, base: l
     return doc
 
 
-def tuned_lr(selection_path: str, optimizer: str, momentum: float, schedule: str = "sync", depth: int = 1) -> float:
+def tuned_lr(selection_path: str, optimizer: str, momentum: float, schedule: str = "sync", depth: int = 1,
+             width: int = 0) -> float:
     """The chosen LR of an arm from the selection file: `optimizer` at `momentum` on `schedule` (sync: what a
-    `lr~tuned` cell trains at; 2bw, or PipeDream at `depth`: what a `lr~own` cell trains at)."""
+    `lr~tuned` cell trains at; 2bw, or PipeDream at `depth`: what a `lr~own` cell trains at), at `width` (0: the
+    model's own)."""
     depth = int(depth) if schedule.startswith("pipedream") else 1
 
     def match(c):  # a document without schedules (round 3) holds sync choices only
         return (c["optimizer"] == optimizer and float(c["momentum"]) == float(momentum)
-                and c.get("schedule", "sync") == schedule and int(c.get("depth", 1)) == depth)
+                and c.get("schedule", "sync") == schedule and int(c.get("depth", 1)) == depth
+                and int(c.get("width", 0)) == int(width))
 
-    where = f" on {schedule}" + (f" at depth {depth}" if depth > 1 else "")
+    where = f" on {schedule}" + (f" at depth {depth}" if depth > 1 else "") + (f" at width {width}" if width else "")
     return lr_grid.chosen_lr(selection_path, "async_pp", match, f"{optimizer!r} at momentum {momentum:g}{where}")

@@ -45,6 +45,7 @@ class Spec:
     steps: int | None = None
     head: str | None = None
     lr: str = OWN
+    width: int = 0  # the width ladder's d_model (0: the model's own); steps None = that width's T
 
     @property
     def lr_label(self) -> str:
@@ -57,6 +58,7 @@ class Spec:
             + ("" if self.momentum is None else f" mom {self.momentum:g}") \
             + ("" if self.steps is None else f" {self.steps} steps") \
             + ("" if self.head is None else f" {self.head} head") \
+            + (f" d {self.width}" if self.width else "") \
             + (" at the sync LR" if self.lr_label == TUNED and self.schedule != "sync" else "")
         return f"{self.optimizer} {s}{extra}"
 
@@ -114,11 +116,13 @@ class Gaps:
         self.steps = cfg.train.steps
         # seeds 0..seeds-1 carry every cell; the seeds `claim_seeds` adds carry one claim's cells only, so a
         # statistic reads such a seed only where all its cells are planned there (`_extra_planned`)
-        self.seeds = list(range(cfg.all_seeds))
         self.base_seeds = int(cfg.seeds)
+        # seeds above `seeds` carry the claim seeds' cells and the width ladder's (each width its own seeds)
+        widest = max([cfg.all_seeds, *(w.seeds for w in cfg.sweeps.width.widths)])
+        self.seeds = list(range(widest))
         self._extra_planned = {self._key(c.lr, c.optimizer, c.head, c.schedule, c.mitigation, c.depth, c.momentum,
-                                         c.steps, c.seed)
-                               for c in eval_cells(cfg) if c.seed >= cfg.seeds} if cfg.all_seeds > cfg.seeds else set()
+                                         c.steps, c.seed, c.width)
+                               for c in eval_cells(cfg) if c.seed >= cfg.seeds or c.width}
         self.head = main_head(cfg)
         self._index: dict[tuple, tuple[float, str, str]] = {}
         self.host_of: dict[str, str] = {}  # run directory -> its host type (provenance.describe_host)
@@ -130,8 +134,10 @@ class Gaps:
             lr = row.get("lr", TUNED)
             if lr not in (TUNED, OWN) and int(row["seed"]) not in self.seeds:
                 continue  # the LR grid (its selection seed); an x<m> cell on the evaluation seeds is a near-tie's
+            width = row.get("width", 0)
+            width = 0 if width is None or (isinstance(width, float) and math.isnan(width)) else int(width)
             key = self._key(lr, row["optimizer"], row.get("head", self.head), row["schedule"], row["mitigation"],
-                            row["depth"], row["momentum"], row["steps"], row["seed"])
+                            row["depth"], row["momentum"], row["steps"], row["seed"], width)
             if key in self._index:
                 raise UserError(f"runs table: two runs of {key}")
             loss = float(row["final_val_loss"])
@@ -143,7 +149,7 @@ class Gaps:
                 self.cell_of[run_dir] = {"optimizer": row["optimizer"], "lr": lr, "schedule": row["schedule"],
                                          "mitigation": row["mitigation"], "depth": int(row["depth"]),
                                          "momentum": float(row["momentum"]), "steps": int(row["steps"]),
-                                         "head": row.get("head", self.head)}
+                                         "head": row.get("head", self.head), "width": width}
                 identity = {k: row.get(k) for k in IDENTITY_KEYS}
                 self.host_of[run_dir] = describe_host(identity)
                 self.identity_of.setdefault(self.host_of[run_dir], identity)
@@ -168,8 +174,18 @@ class Gaps:
         return view
 
     @staticmethod
-    def _key(lr, optimizer, head, schedule, mitigation, depth, momentum, steps, seed) -> tuple:
-        return (lr, optimizer, head, schedule, mitigation, int(depth), round(float(momentum), 6), int(steps), int(seed))
+    def _key(lr, optimizer, head, schedule, mitigation, depth, momentum, steps, seed, width=0) -> tuple:
+        return (lr, optimizer, head, schedule, mitigation, int(depth), round(float(momentum), 6), int(steps), int(seed),
+                int(width))
+
+    def steps_at(self, width: int) -> int:
+        """The view's main budget at `width`: T at the model's own width, else that width's T times the same
+        multiple (the budget rule's 2T view reads every width at its own 2T)."""
+        if not width:
+            return self.steps
+        from gradfidelity.studies.async_pp.plan import width_steps
+
+        return round(self.steps * width_steps(self.cfg, width) / self.cfg.train.steps)
 
     def _spec_key(self, spec: Spec, seed: int) -> tuple | None:
         """The runs-table key of `spec` on `seed`; None where the near-tie view asks for a mitigated cell, which
@@ -183,7 +199,7 @@ class Gaps:
                 return None
             lr = other
         return self._key(lr, spec.optimizer, spec.head or self.head, spec.schedule, spec.mitigation, depth,
-                         mom, spec.steps or self.steps, seed)
+                         mom, spec.steps or self.steps_at(spec.width), seed, spec.width)
 
     def _cell(self, spec: Spec, seed: int) -> tuple[float, str, str]:
         key = self._spec_key(spec, seed)
@@ -192,9 +208,11 @@ class Gaps:
         return self._index.get(key, (math.nan, "missing", ""))
 
     def planned(self, specs, seed: int) -> bool:
-        """Whether every cell of `specs` is planned on `seed`: always on seeds 0..seeds-1; on a seed that
-        `claim_seeds` adds, only the cells of that claim and their references are."""
-        if seed < self.base_seeds:
+        """Whether every cell of `specs` is planned on `seed`: at the model's own width always on seeds
+        0..seeds-1; on a seed that `claim_seeds` adds only the cells of that claim and their references are; on the
+        width ladder, each width's cells on its own seeds."""
+        specs = list(specs)
+        if seed < self.base_seeds and not any(spec.width for spec in specs):
             return True
         keys = [self._spec_key(spec, seed) for spec in specs]
         return all(k is not None and k in self._extra_planned for k in keys)
@@ -251,28 +269,53 @@ class Fractions:
 
 def fractions(g: Gaps, asyncs: dict[str, Spec], extra: dict[str, Spec] | None = None) -> Fractions:
     """f of every async cell in `asyncs` (its budget T = spec.steps or train.steps), on the seeds where it, every
-    rung of its sync ladder (config sweeps.ladder) and every cell of `extra` finished."""
-    from gradfidelity.studies.async_pp.compute_fraction import BELOW, per_seed_fractions
+    rung of its sync ladder (config sweeps.ladder) and every cell of `extra` finished. The ladder's extension
+    (sweeps.ladder.extend, above 2T) is read on each seed where its run finished: it is needed only by an f above
+    the ladder's top, which without it reads "outside the ladder" (never extrapolated), as before it existed."""
+    from gradfidelity.studies.async_pp.compute_fraction import BELOW, effective_fraction
 
     specs = dict(asyncs) | dict(extra or {})
     for name, a in asyncs.items():
-        for n in g.cfg.sweeps.ladder.of(a.optimizer):
-            specs[f"{name}@sync{n}"] = Spec(a.optimizer, momentum=a.momentum, steps=n, head=a.head, lr=TUNED)
+        for n in _ladder(g, a, extend=False):
+            specs[f"{name}@sync{n}"] = _rung(a, n)
     p = g.paired(specs)
     f, outside = {}, []
     for name, a in asyncs.items():
-        T = a.steps or g.steps
-        ladder = g.cfg.sweeps.ladder.of(a.optimizer)
-        sync = np.column_stack([p[f"{name}@sync{n}"] for n in ladder]) if p.n else np.empty((0, len(ladder)))
-        fracs = per_seed_fractions(ladder, sync, p[name], T)
-        for seed, frac in zip(p.seeds, fracs, strict=True):
+        T = a.steps or g.steps_at(a.width)
+        ladder = _ladder(g, a, extend=False)
+        more = [n for n in _ladder(g, a) if n not in ladder]
+        values = []
+        for i, seed in enumerate(p.seeds):
+            rungs, sync = list(ladder), [float(p[f"{name}@sync{n}"][i]) for n in ladder]
+            for n in more:
+                loss, status, run_dir = g._cell(_rung(a, n), seed)
+                if status == "ok" and math.isfinite(loss):
+                    rungs.append(n)
+                    sync.append(loss)
+                    p.sources_of.setdefault(f"{name}@sync{n}", []).append(run_dir)
+                    p.sources.append(run_dir)
+            frac = effective_fraction(rungs, sync, float(p[name][i]), T)
             if not math.isfinite(frac.value):
-                side, edge = ("worse than", ladder[0]) if frac.where == BELOW else ("better than", ladder[-1])
+                side, edge = ("worse than", min(rungs)) if frac.where == BELOW else ("better than", max(rungs))
                 outside.append(f"{name}: seed {seed}: {a.label()} ends {side} sync at {edge} steps, the ladder's "
                                "end (f is not extrapolated)")
-        f[name] = np.asarray([frac.value for frac in fracs], dtype=float)
-        _drop_unread_rungs(p, name, ladder, f[name] * T)
+            values.append(frac.value)
+        f[name] = np.asarray(values, dtype=float)
+        _drop_unread_rungs(p, name, sorted({*ladder, *more}), f[name] * T)
     return Fractions(p, f, outside)
+
+
+def _rung(a: Spec, n: int) -> Spec:
+    """The sync run of `a`'s key at `n` steps (its ladder's rung)."""
+    return Spec(a.optimizer, momentum=a.momentum, steps=n, head=a.head, lr=TUNED, width=a.width)
+
+
+def _ladder(g: Gaps, a: Spec, extend: bool = True) -> list[int]:
+    """The sync budgets f of `a` reads (plan.ladder_of): the key's ladder, with its extension unless `extend` is
+    False."""
+    from gradfidelity.studies.async_pp.plan import ladder_of
+
+    return ladder_of(g.cfg, a.optimizer, a.width, a.momentum, extend)
 
 
 def _drop_unread_rungs(p: Paired, name: str, ladder, s_star) -> None:
@@ -299,7 +342,7 @@ def ef_recovery(sync, asyn, ef):
 
 
 def transient(g: Gaps, optimizer: str, momentum: float | None = None, head: str | None = None,
-              steps: int | None = None, level: float = 0.95, lr: str = OWN) -> tuple[dict, dict]:
+              steps: int | None = None, level: float = 0.95, lr: str = OWN, width: int = 0) -> tuple[dict, dict]:
     """The transient gate of one (optimizer, momentum, head) at budget T (default train.steps), from its 2bw runs at
     T and 2T at the LR choice `lr` and its sync ladder (compute_fraction.transient_gate), as (gate record, numbers
     for the tables)."""
@@ -307,12 +350,12 @@ def transient(g: Gaps, optimizer: str, momentum: float | None = None, head: str 
     from gradfidelity.studies.async_pp.compute_fraction import transient_gate
     from gradfidelity.studies.async_pp.plan import gate_steps
 
-    T = int(steps or g.steps)
+    T = int(steps or g.steps_at(width))
     T2 = gate_steps(T)
-    label = Spec(optimizer, momentum=momentum, head=head).label().replace(" sync", "") + f" at {T} steps" \
-        + (" at the sync LR" if lr == TUNED else "")
-    fr = fractions(g, {"T": Spec(optimizer, "2bw", momentum=momentum, steps=T, head=head, lr=lr),
-                       "2T": Spec(optimizer, "2bw", momentum=momentum, steps=T2, head=head, lr=lr)})
+    label = Spec(optimizer, momentum=momentum, head=head, width=width).label().replace(" sync", "") \
+        + f" at {T} steps" + (" at the sync LR" if lr == TUNED else "")
+    fr = fractions(g, {"T": Spec(optimizer, "2bw", momentum=momentum, steps=T, head=head, lr=lr, width=width),
+                       "2T": Spec(optimizer, "2bw", momentum=momentum, steps=T2, head=head, lr=lr, width=width)})
     info = {"seeds": fr.n, "f_T": fr.f["T"], "f_2T": fr.f["2T"]}
     if fr.n < 2:
         return gate("transient", False, f"{label}: fewer than 2 paired seeds{fr.p.dropped_note()}"), info
@@ -325,7 +368,7 @@ def transient(g: Gaps, optimizer: str, momentum: float | None = None, head: str 
 
 
 def sync_falls(g: Gaps, optimizer: str, momentum: float | None = None, head: str | None = None,
-               steps: int | None = None, level: float = 0.95) -> dict:
+               steps: int | None = None, level: float = 0.95, width: int = 0) -> dict:
     """The budget rule's precondition for one (optimizer, momentum, head) at T (issue 47): its sync loss still falls
     from T to 2T (the `level` t interval of the paired fall sync(T) - sync(2T) above 0). On a flat ladder every f is
     read off a plateau, so the two budgets' verdicts would agree for no reason."""
@@ -333,11 +376,11 @@ def sync_falls(g: Gaps, optimizer: str, momentum: float | None = None, head: str
     from gradfidelity.stats.intervals import t_interval
     from gradfidelity.studies.async_pp.plan import gate_steps
 
-    T = int(steps or g.steps)
+    T = int(steps or g.steps_at(width))
     T2 = gate_steps(T)
-    label = Spec(optimizer, momentum=momentum, head=head).label() + f" from {T} to {T2} steps"
-    p = g.paired({"T": Spec(optimizer, momentum=momentum, steps=T, head=head, lr=TUNED),
-                  "2T": Spec(optimizer, momentum=momentum, steps=T2, head=head, lr=TUNED)})
+    label = Spec(optimizer, momentum=momentum, head=head, width=width).label() + f" from {T} to {T2} steps"
+    p = g.paired({"T": Spec(optimizer, momentum=momentum, steps=T, head=head, lr=TUNED, width=width),
+                  "2T": Spec(optimizer, momentum=momentum, steps=T2, head=head, lr=TUNED, width=width)})
     if p.n < 2:
         return gate("sync_falls", False, f"{label}: fewer than 2 paired seeds{p.dropped_note()}")
     fall = t_interval(p["T"] - p["2T"], level)
@@ -374,6 +417,8 @@ def arm_text(g: Gaps, run_dir: str) -> str:
         text += f" P{c['depth']}"
     if opt in OPTIMIZERS and c["momentum"] != default_momentum(opt):
         text += f" mom {c['momentum']:g}"
+    if c.get("width"):
+        text += f" d {c['width']}"
     return f"{text} lr~{c['lr']}"
 
 

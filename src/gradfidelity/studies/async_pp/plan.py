@@ -42,14 +42,18 @@ TUNED = "tuned"  # the LR chosen on sync
 OWN = "own"  # the LR chosen on the cell's own (async) schedule
 SELECTION = "lr_selection.json"  # the LR-selection document, in the study's results root
 # The paper tables (<name>.csv + <name>.md under the scale's table root) and figures (<name>.png) of the study.
-TABLES = ("async_pp_main", "async_pp_mitigations", "async_pp_lr_selection", "async_pp_length", "async_pp_momentum")
-FIGURES = ("async_pp_momentum", "async_pp_depth", "async_pp_ladder", "async_pp_curves")
-# The training rule's run directory and output, with these wildcards (constraints in WILDCARDS).
+TABLES = ("async_pp_main", "async_pp_mitigations", "async_pp_lr_selection", "async_pp_length", "async_pp_momentum",
+          "async_pp_width")
+FIGURES = ("async_pp_momentum", "async_pp_depth", "async_pp_ladder", "async_pp_curves", "async_pp_width")
+# The training rule's run directory and output, with these wildcards (constraints in WILDCARDS). A cell of the
+# width ladder (sweeps.width) lives under `width~<d_model>/` (WIDTH_PREFIX) before the same parts; a cell at the
+# model's own width has no prefix, so the width ladder left every earlier record where it was.
 RUN_DIR = "/".join(f"{k}~{{{k}}}" for k in KEYS) + "/seed{seed}"
 PATTERN = RUN_DIR + "/metrics.json"
+WIDTH_PREFIX = "width~{width}/"
 WILDCARDS = {"optimizer": "|".join(OPTIMIZERS), "lr": r"tuned|own|x[0-9.e+-]+", "head": "|".join(HEADS),
              "schedule": "|".join(SCHEDULES), "mitigation": "|".join(MITIGATIONS), "depth": r"\d+",
-             "momentum": r"[0-9.]+", "steps": r"\d+", "seed": r"\d+"}
+             "momentum": r"[0-9.]+", "steps": r"\d+", "seed": r"\d+", "width": r"\d+"}
 
 
 @dataclass(frozen=True, order=True)
@@ -63,6 +67,7 @@ class Cell:
     momentum: float
     steps: int
     seed: int
+    width: int = 0  # d_model of the width ladder; 0 = the model section's own
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
@@ -76,14 +81,16 @@ class Cell:
 
     def dir(self, root: str = "results/async_pp") -> str:
         parts = "/".join(f"{k}~{getattr(self, k)}" for k in KEYS)
-        return f"{root}/{parts}/seed{self.seed}"
+        prefix = WIDTH_PREFIX.format(width=self.width) if self.width else ""
+        return f"{root}/{prefix}{parts}/seed{self.seed}"
 
     def metrics(self, root: str = "results/async_pp") -> str:
         return f"{self.dir(root)}/metrics.json"
 
     def wildcards(self) -> dict[str, str]:
-        """The training rule's wildcards of this cell (what `--cell` carries into the run's records)."""
-        return {k: str(getattr(self, k)) for k in (*KEYS, "seed")}
+        """The training rule's wildcards of this cell (what `--cell` carries into the run's records); `width` only
+        on the width ladder's rule."""
+        return {k: str(getattr(self, k)) for k in (*KEYS, "seed", *(("width",) if self.width else ()))}
 
 
 def lr_label(multiplier: float) -> str:
@@ -132,12 +139,39 @@ def arm_keys(cfg: StudyConfig) -> list[tuple[str, float, str, int]]:
 
 
 def grid_cell(cfg: StudyConfig, optimizer: str, momentum: float, multiplier: float, schedule: str = "sync",
-              depth: int = 1) -> Cell:
+              depth: int = 1, width: int = 0) -> Cell:
     """One LR-grid run: the arm's schedule, the selection seed (config checks that it is not an evaluation seed),
-    the main budget and model (PipeDream untied: a tied head cannot be fresh at its last stage)."""
+    the grid's budget and model (PipeDream untied: a tied head cannot be fresh at its last stage); on the width
+    ladder, that width's T (its LRs are chosen at the budget they are read at)."""
     head = "untied" if schedule.startswith("pipedream") else main_head(cfg)
-    return Cell(optimizer, lr_label(multiplier), head, schedule, "none", int(depth), float(momentum),
-                grid_budget(cfg), cfg.lr_selection.seed)
+    steps = width_steps(cfg, width) if width else grid_budget(cfg)
+    return Cell(optimizer, lr_label(multiplier), head, schedule, "none", int(depth), float(momentum), steps,
+                cfg.lr_selection.seed, int(width))
+
+
+def width_steps(cfg: StudyConfig, width: int) -> int:
+    """T at `width`: train.steps at the model's own width (0), else the width ladder's `steps`."""
+    return int(cfg.train.steps) if not width else int(cfg.sweeps.width.rung(width).steps)
+
+
+def ladder_of(cfg: StudyConfig, optimizer: str, width: int = 0, momentum: float | None = None,
+              extend: bool = True) -> list[int]:
+    """The sync ladder of `optimizer` at `width`: the configured ladder at the model's own width, with its extension
+    (sweeps.ladder.extend) at the optimizer's default momentum (what B5 reads; `extend` False: without it); at
+    another width the same budgets as multiples of T (sweeps.ladder.steps / train.steps), times that width's T,
+    without the extension."""
+    if not width:
+        default = momentum is None or round(float(momentum), 6) == round(default_momentum(optimizer), 6)
+        return cfg.sweeps.ladder.of(optimizer) if extend and default else sorted(cfg.sweeps.ladder.steps)
+    T, Tw = cfg.train.steps, width_steps(cfg, width)
+    return sorted({round(n * Tw / T) for n in cfg.sweeps.ladder.steps})
+
+
+def width_arm_keys(cfg: StudyConfig) -> list[tuple[str, float, str, int, int]]:
+    """(optimizer, momentum, schedule, depth, width) of the width ladder's arms: sync and 2bw of each optimizer of
+    each width, at its default momentum."""
+    return [(o, default_momentum(o), s, 1, w.d_model) for w in cfg.sweeps.width.widths for o in w.optimizers
+            for s in ("sync", "2bw")]
 
 
 def grid_budget(cfg: StudyConfig) -> int:
@@ -153,21 +187,22 @@ def grid_cells(cfg: StudyConfig, extension: list[dict] | None = None) -> list[Ce
     (`extension`: [{optimizer, momentum, schedule, depth, multiplier}], lr_select.extension_round)."""
     if extension is not None:
         return sorted(grid_cell(cfg, e["optimizer"], e["momentum"], e["multiplier"], e.get("schedule", "sync"),
-                                e.get("depth", 1)) for e in extension)
-    return sorted(grid_cell(cfg, o, mom, m, s, d) for o, mom, s, d in arm_keys(cfg)
+                                e.get("depth", 1), e.get("width", 0)) for e in extension)
+    arms = [(*a, 0) for a in arm_keys(cfg)] + width_arm_keys(cfg)
+    return sorted(grid_cell(cfg, o, mom, m, s, d, w) for o, mom, s, d, w in arms
                   for m in cfg.lr_selection.multipliers)
 
 
-def check_cells(cfg: StudyConfig, choices: dict[tuple[str, float, str, int], float]) -> list[Cell]:
+def check_cells(cfg: StudyConfig, choices: dict[tuple[str, float, str, int, int], float]) -> list[Cell]:
     """The LR check (issue 60; lr_select.check): each sync and 2bw arm's chosen multiplier (`choices`, from the
     last LR round: lr_select.round_choices) and its neighbours half and twice it, at `lr_selection.check_steps` on
-    the selection seed. None when the config sets no check."""
+    the selection seed, at the model's own width. None when the config sets no check."""
     n, which = cfg.lr_selection.check_steps, cfg.lr_selection.check_optimizers
     if n is None:
         return []
     return sorted({Cell(o, lr_label(k), main_head(cfg), sched, "none", 1, float(mom), int(n), cfg.lr_selection.seed)
-                   for (o, mom, sched, _depth), m in choices.items()
-                   if sched in ("sync", "2bw") and (which is None or o in which)
+                   for (o, mom, sched, _depth, width), m in choices.items()
+                   if sched in ("sync", "2bw") and not width and (which is None or o in which)
                    for k in (m / 2, m, 2 * m)})
 
 
@@ -201,6 +236,10 @@ def eval_cells(cfg: StudyConfig) -> list[Cell]:
     """The cells on the evaluation seeds: every sweep on seeds 0..seeds-1, and on the seeds `claim_seeds` adds,
     the cells of that claim alone with their references."""
     out = set(_sweep_cells(cfg, range(cfg.seeds)))
+    for w in cfg.sweeps.width.widths:  # the width ladder: each optimizer's f at that width, on its own seeds
+        add = _adder(cfg, out, range(w.seeds), w.d_model)
+        for opt in w.optimizers:
+            _add_f_key(cfg, add, opt, default_momentum(opt), main_head(cfg), w.d_model)
     for claim, n in sorted((cfg.claim_seeds or {}).items()):
         if claim not in CLAIM_SEEDS:
             raise UserError(f"bad config key 'async_pp.claim_seeds': {claim!r} is not one of {list(CLAIM_SEEDS)}")
@@ -208,7 +247,7 @@ def eval_cells(cfg: StudyConfig) -> list[Cell]:
     return sorted(out)
 
 
-def _adder(cfg: StudyConfig, out: set, seeds):
+def _adder(cfg: StudyConfig, out: set, seeds, width: int = 0):
     T, head0 = cfg.train.steps, main_head(cfg)
 
     def add(opt, schedule, mitigation="none", depth=1, momentum=None, n_steps=T, head=head0, lrs=(OWN,)):
@@ -218,18 +257,19 @@ def _adder(cfg: StudyConfig, out: set, seeds):
             raise UserError("async_pp: pipedream cells need an untied head (the depth sweep unties it)")
         for s in seeds:
             for lr in (TUNED,) if schedule == "sync" else lrs:
-                out.add(Cell(opt, lr, head, schedule, mitigation, depth, mom, int(n_steps), s))
+                out.add(Cell(opt, lr, head, schedule, mitigation, depth, mom, int(n_steps), s, width))
 
     return add
 
 
-def _add_f_key(cfg: StudyConfig, add, opt: str, mom: float, head: str) -> None:
-    """A key's f: sync at every ladder budget, 2bw at T and 2T (at both LRs where the length table shows it)."""
-    T = cfg.train.steps
-    both = set(secondary_optimizers(cfg))
+def _add_f_key(cfg: StudyConfig, add, opt: str, mom: float, head: str, width: int = 0, extend: bool = True) -> None:
+    """A key's f: sync at every ladder budget (the extension too unless `extend` is False), 2bw at T and 2T (at
+    both LRs where the length table shows it; at the own LR only on the width ladder)."""
+    T = width_steps(cfg, width)
+    both = set(secondary_optimizers(cfg)) if not width else set()
     # the sync-tuned LR (secondary) where the length table shows it: each optimizer at its default momentum
     lrs = (OWN, TUNED) if opt in both and mom == default_momentum(opt) and head == main_head(cfg) else (OWN,)
-    for n in cfg.sweeps.ladder.of(opt):
+    for n in ladder_of(cfg, opt, width, mom, extend):
         add(opt, "sync", momentum=mom, n_steps=n, head=head)
     for n in (T, gate_steps(T)):
         add(opt, "2bw", momentum=mom, n_steps=n, head=head, lrs=lrs)
@@ -242,22 +282,23 @@ def _budgets(cfg: StudyConfig, at_2T: bool) -> tuple[int, ...]:
 
 
 def _claim_cells(cfg: StudyConfig, claim: str, seeds) -> list[Cell]:
-    """The cells `claim` reads on `seeds`, with the f keys they are read against."""
+    """The cells `claim` reads on `seeds`, with the f keys they are read against (their ladders without the
+    extension: no claim of `CLAIM_SEEDS` reads f above 2T, and a rung of 4T costs more than the rest of a key)."""
     out: set[Cell] = set()
     add, sw, head0 = _adder(cfg, out, seeds), cfg.sweeps, main_head(cfg)
     if claim == "B1-abs":
-        _add_f_key(cfg, add, "adamw", default_momentum("adamw"), head0)
+        _add_f_key(cfg, add, "adamw", default_momentum("adamw"), head0, extend=False)
     elif claim == "B4":
         for o in sw.momentum.optimizers:
             for m in sw.momentum.momenta:
-                _add_f_key(cfg, add, o, float(m), head0)
+                _add_f_key(cfg, add, o, float(m), head0, extend=False)
     else:  # B9-<mitigation>
         mit = claim.split("-", 1)[1]
         if mit not in sw.mitigation.mitigations:
             raise UserError(f"bad config key 'async_pp.claim_seeds': {claim} reads mitigation {mit!r}, which "
                             f"sweeps.mitigation.mitigations {list(sw.mitigation.mitigations)} does not train")
         for opt in sw.mitigation.optimizers:
-            _add_f_key(cfg, add, opt, default_momentum(opt), head0)
+            _add_f_key(cfg, add, opt, default_momentum(opt), head0, extend=False)
             for n in _budgets(cfg, sw.mitigation.at_2T):
                 add(opt, "2bw", mit, n_steps=n)
     return sorted(out)
@@ -319,10 +360,10 @@ def figure_paths(figures_root: str) -> list[str]:
 
 def cell_from_wildcards(w) -> Cell:
     """The cell of the training rule's wildcards (a dict or Snakemake's Wildcards object)."""
-    get = w.get if isinstance(w, dict) else (lambda k: getattr(w, k))
+    get = w.get if isinstance(w, dict) else (lambda k, default=None: getattr(w, k, default))
     try:
         return Cell(get("optimizer"), get("lr"), get("head"), get("schedule"), get("mitigation"), int(get("depth")),
-                    float(get("momentum")), int(get("steps")), int(get("seed")))
+                    float(get("momentum")), int(get("steps")), int(get("seed")), int(get("width", 0) or 0))
     except (TypeError, ValueError, AttributeError, KeyError) as exc:
         raise UserError(f"async_pp cell {w}: {exc}") from None
 

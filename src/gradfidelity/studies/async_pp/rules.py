@@ -4,8 +4,8 @@ config keys each job reads, the typed config the plan is made from, and the inpu
 Why per-job keys: Snakemake reruns a job whose params changed, and `--cfg` is a param. Each job's `--cfg` carries
 only the sections it reads, so an edit reruns exactly the jobs it changes: a `bench` edit reruns no training, a
 `delay` edit only the cells whose mitigation reads it, a `sweeps` edit only the tables, figures and claims (and the
-cells it adds). Keys that decide which cells exist (`seeds`, `claim_seeds`, `lr_selection`, `sweeps`) reach the training jobs
-through their wildcards instead, so adding a seed or a sweep point reruns no existing cell.
+cells it adds). Keys that decide which cells exist (`seeds`, `claim_seeds`, `lr_selection`, `sweeps`) reach the
+training jobs through their wildcards instead, so adding a seed or a sweep point reruns no existing cell.
 """
 
 from __future__ import annotations
@@ -83,10 +83,15 @@ LR_ROUND = "lr_rounds/round{round}.json"  # the LR grid's rounds (checkpoint asy
 
 def _rounds(cfg: StudyConfig, root: str) -> GridRounds:
     """The LR grid's rounds (checkpoint async_pp_lr_round): the configured grid, then each round's extension."""
+    from gradfidelity.studies.async_pp.lr_select import check_round
+
     def runs(points):
         cells = plan.grid_cells(cfg) if points is None else plan.grid_cells(cfg, points)
         return [c.metrics(root) for c in cells]
-    return GridRounds("async_pp_lr_round", runs, cfg.lr_selection.max_extensions)
+
+    budgets = {0: plan.grid_budget(cfg), **{w.d_model: w.steps for w in cfg.sweeps.width.widths}}
+    return GridRounds("async_pp_lr_round", runs, cfg.lr_selection.max_extensions,
+                      check=lambda doc, path: check_round(doc, path, budgets))
 
 
 def lr_round_input(cfg: StudyConfig, root: str, checkpoints):

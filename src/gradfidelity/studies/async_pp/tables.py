@@ -19,7 +19,7 @@ from gradfidelity.claims.evidence import level_for
 from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.async_pp.lr_select import RULE
 from gradfidelity.studies.async_pp.pairing import Fractions, Gaps, Paired, Spec, ef_recovery, fractions, transient
-from gradfidelity.studies.async_pp.plan import OWN, TUNED, default_momentum, grid_budget, secondary_optimizers
+from gradfidelity.studies.async_pp.plan import OWN, TUNED, default_momentum, f_keys, grid_budget, secondary_optimizers
 from gradfidelity.tables import write_table
 
 GATE_NOTE = ("gate = the transient gate of the row's optimizer at the row's budget T (pairing.transient): pass when "
@@ -83,6 +83,49 @@ def main_table(g: Gaps) -> pd.DataFrame:
                      "gap": _mean(gap),
                      "gap_low": gap_low, "gap_high": gap_high, "seeds": p.n, "diverged": _diverged_cell(p, fr)})
     return pd.DataFrame(rows)
+
+
+def width_table(g: Gaps) -> pd.DataFrame:
+    """The width ladder (issue 60): per width (the model's own first) and optimizer, the model's size, its budget
+    and tokens per parameter, the share of the embedding and head in its parameters, and f at T and 2T with their
+    intervals (each width's f off its own sync ladder, at its own LRs)."""
+    from gradfidelity.studies.async_pp.plan import width_steps
+
+    level, rows = level_for("B2"), []
+    widths = [(0, [o for o in dict.fromkeys(o for o, _m, _h in f_keys(g.cfg)) if o in _width_optimizers(g)])]
+    widths += [(w.d_model, list(w.optimizers)) for w in g.cfg.sweeps.width.widths]
+    for width, optimizers in widths:
+        model = g.cfg.model.at_width(width) if width else g.cfg.model
+        T = width_steps(g.cfg, width)
+        for opt in optimizers:
+            fr = fractions(g, {"T": Spec(opt, "2bw", width=width, steps=T),
+                               "2T": Spec(opt, "2bw", width=width, steps=2 * T)})
+            n_params = _n_params(g, opt, width)
+            body = n_params - model.n_params(0, g.head == "tied") if math.isfinite(n_params) else math.nan
+            row = {"d_model": model.d_model, "optimizer": opt, "params": n_params, "T": T,
+                   "tokens_per_param": T * g.cfg.train.tokens_per_step / n_params if n_params else math.nan,
+                   "embed_head_share": body / n_params if n_params else math.nan}
+            for b in ("T", "2T"):
+                low, high = _ci(fr.f[b], level)
+                row |= {f"f_{b}": _mean(fr.f[b]), f"f_{b}_low": low, f"f_{b}_high": high}
+            rows.append({**row, "seeds": fr.n, "diverged": _diverged_cell(fr.p, fr)})
+    return pd.DataFrame(rows)
+
+
+def _width_optimizers(g: Gaps) -> set[str]:
+    """The optimizers the width table shows at the model's own width: those the width ladder trains, or B1-B2's."""
+    return {o for w in g.cfg.sweeps.width.widths for o in w.optimizers} or {"adamw", "muon"}
+
+
+def _n_params(g: Gaps, opt: str, width: int) -> float:
+    """The parameters of the model an optimizer's sync runs at `width` trained (runs.csv n_params)."""
+    runs = g.runs
+    if "n_params" not in runs.columns:
+        return math.nan
+    w = runs["width"].fillna(0) if "width" in runs.columns else pd.Series(0, index=runs.index)
+    got = pd.to_numeric(runs.loc[(runs["optimizer"] == opt) & (w == width) & (runs["schedule"] == "sync"),
+                                 "n_params"], errors="coerce").dropna()
+    return float(got.iloc[0]) if len(got) else math.nan
 
 
 def _ladder_key_rows(g: Gaps, opt: str, momentum=None, label: str = "") -> list[dict]:
@@ -192,7 +235,7 @@ def mitigations_table(g: Gaps) -> pd.DataFrame:
 
 
 def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv: str | None = None,
-                 momentum_csv: str | None = None) -> None:
+                 momentum_csv: str | None = None, width_csv: str | None = None) -> None:
     extra = g.cfg.claim_seeds or {}
     n = f"{g.base_seeds} seed(s) per cell" + (
         " (" + ", ".join(f"{k}'s cells {v}" for k, v in sorted(extra.items())) + ": config claim_seeds)"
@@ -234,6 +277,22 @@ def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv:
                            "delay's cost at an LR the async arm did not choose), over its own paired seeds "
                            "(seeds_sync_lr)",
                            "B7 reads f at the longest length against f at the smallest length whose gate passes"])
+    if width_csv:
+        tpp = g.cfg.sweeps.width.tokens_per_parameter
+        write_table(width_table(g), width_csv,
+                    title="Study B: the delay's cost by width (the width ladder, B1 and B2's scale argument)",
+                    notes=[note, paired, F_NOTE,
+                           "d_model: the model's own width first, then sweeps.width.widths (d_ff in proportion; depth, "
+                           "heads and vocabulary fixed); T = each width's budget"
+                           + (f", held at {tpp:g} tokens a parameter" if tpp else "")
+                           + "; params from runs.csv n_params; embed_head_share = the embedding and untied head's "
+                           "share of the parameters (in the muon arm they train with AdamW; muon_all trains them "
+                           "with Muon)",
+                           "f_T, f_2T: 2bw at its own LR at T and 2T, read off that width's own sync ladder (its "
+                           "budgets the same multiples of T), each width with its own LR grid at its T; intervals: "
+                           "two-sided t at B2's level",
+                           "B1, B1-abs and B2 read the widest width whose f has 2+ paired seeds; the narrower widths "
+                           "are readings beside it (each claim's detail)"])
     if momentum_csv:
         write_table(momentum_table(g), momentum_csv, title="Study B: lost compute by momentum (B4)",
                     notes=[note, paired, "each momentum trains at its own LR (chosen on sync at that momentum) and "
@@ -248,7 +307,8 @@ def lr_selection_table(doc: dict) -> pd.DataFrame:
     rows = []
     for c in doc["choices"]:
         row = {"optimizer": c["optimizer"], "momentum": c["momentum"], "schedule": c.get("schedule", "sync"),
-               "depth": c.get("depth", 1), "lr_label": "tuned" if c.get("schedule", "sync") == "sync" else "own",
+               "depth": c.get("depth", 1), "width": c.get("width", 0),
+               "lr_label": "tuned" if c.get("schedule", "sync") == "sync" else "own",
                "default_lr": c["default_lr"], "chosen_multiplier": c["multiplier"], "chosen_lr": c["lr"],
                "best_multiplier": c.get("best_multiplier", c["multiplier"]), "near_tie": c.get("near_tie", False),
                "extended": " ".join(f"x{m:g}" for m in c["extended"]) or "-", "bracketed": c["bracketed"]}
@@ -273,8 +333,8 @@ def write_lr_selection(doc: dict, table_csv: str, check_rows: list[dict] | None 
     df = lr_selection_table(doc)
     notes = []
     if check_rows:
-        check = pd.DataFrame(check_rows)[["optimizer", "momentum", "schedule", *CHECK_COLS]]
-        df = df.merge(check, on=["optimizer", "momentum", "schedule"], how="left", validate="one_to_one")
+        check = pd.DataFrame(check_rows)[["optimizer", "momentum", "schedule", *CHECK_COLS]].assign(width=0)
+        df = df.merge(check, on=["optimizer", "momentum", "schedule", "width"], how="left", validate="one_to_one")
         steps = ", ".join(str(n) for n in sorted({int(r["check_steps"]) for r in check_rows}))
         moved = [f"{r['optimizer']} {r['momentum']:g} {r['schedule']} ({r['check']})" for r in check_rows
                  if r["check"] != "holds"]
@@ -288,6 +348,7 @@ def write_lr_selection(doc: dict, table_csv: str, check_rows: list[dict] | None 
                 notes=[f"scale {doc['scale']}; rule: {RULE}", f"selection seed(s) {seeds} (not evaluation seeds); "
                        "loss_x<m> = final validation loss of the row's schedule at m x the default LR, nan = "
                        "diverged, blank = not trained for this row",
+                       "width = the width ladder's d_model (0: the model's own; each width's grid runs at its T)",
                        "lr_label = the cells that train at the row's choice: tuned (sync's choice: every sync cell "
                        "and the secondary async column) or own (the async arm's choice: every claim's primary, and "
                        "the mitigations on top of it)",

@@ -64,8 +64,8 @@ def cell_lr(cell: Cell, lr_selection: str | None) -> float:
         if not lr_selection:
             raise UserError(f"async_pp cell {cell.dir()}: lr~{cell.lr} needs the LR selection file (--lr-selection)")
         if cell.lr == TUNED:
-            return tuned_lr(lr_selection, cell.optimizer, cell.momentum)
-        return tuned_lr(lr_selection, cell.optimizer, cell.momentum, cell.schedule, cell.depth)
+            return tuned_lr(lr_selection, cell.optimizer, cell.momentum, width=cell.width)
+        return tuned_lr(lr_selection, cell.optimizer, cell.momentum, cell.schedule, cell.depth, cell.width)
     return DEFAULTS[cell.optimizer]["lr"] * lr_multiplier(cell.lr)
 
 
@@ -95,7 +95,8 @@ def run_cell(cfg: StudyConfig, cell: Cell, run_dir: str | Path, threads: int,
              checkpoint_every=tc.checkpoint_every, cell=cell.wildcards(), sample_memory=False) as run:
         stream = build_stream(cfg.data, tc.seq_len, tc.batch_size, cell.seed, data_dir)
         epochs = check_epochs(stream, cell.steps, cfg.data.max_epochs)
-        mcfg = replace(cfg.model, tie_embeddings=cell.head == "tied").with_vocab(stream.vocab_size)
+        base = cfg.model.at_width(cell.width) if cell.width else cfg.model  # the width ladder's model
+        mcfg = replace(base, tie_embeddings=cell.head == "tied").with_vocab(stream.vocab_size)
         model = build_model(mcfg, seed=cell.seed, dtype=DTYPES[tc.dtype])
         opt = build_optimizer(cell.optimizer, list(model.named_parameters()), lr=lr,
                               momentum=cell.momentum)
