@@ -76,19 +76,20 @@ def test_one_more_seed_plans_that_seeds_runs_their_start_and_the_aggregation(clo
     assert not any(r.startswith(("results/cpu/async_pp/", "results/cpu/local/")) for r in runs)
 
 
-CELL = ("results/cpu/async_pp/optimizer~muon/lr~own/head~untied/schedule~2bw/mitigation~none/depth~1/momentum~0.9/"
-        "steps~256/seed0/metrics.json")
+# a committed cell of study C (study B's round-6 run, which archived its round-5 records, is not committed yet)
+CELL = "results/cpu/local/python_docs/w32/bp/seed0/metrics.json"
 
 
 def test_forcerun_of_one_committed_cell_reruns_it_alone(clone, pending):
-    """Round 4 marked this a strict xfail: study B's prepared data follow study C's corpus, and rebuilding them
-    replanned C's runs, which had no records. With C's records committed, only C's remaining parts (if any) may
-    join the plan; no other committed run does."""
+    """--forcerun of one committed record plans its job alone (the job writes the seed's paired records together):
+    beside it only the remaining parts of a study in parts and the replays of the starts they need, and the
+    analysis downstream; no other committed run."""
     jobs = _plan(clone, "--config", "scale=cpu", "--forcerun", CELL)
-    # beside it only the remaining parts of a study in parts and the replays of the starts they need
-    assert [r for r in _runs(jobs) if r not in pending and "/replay/" not in r] == [CELL]
+    trained = [job for job in jobs if [r for r in _runs([job]) if r not in pending and "/replay/" not in r]]
+    assert len(trained) == 1 and CELL in trained[0].outputs, [job.outputs for job in trained][:3]
+    assert all(o.startswith("results/cpu/local/python_docs/w32/") and "/seed0/" in o for o in _runs(trained))
     rules = {job.rule for job in jobs}
-    assert {"async_pp_aggregate", "async_pp_tables", "async_pp_claims", "verify"} <= rules
+    assert {"local_aggregate", "local_claims", "verify"} <= rules
 
 
 def _plan_text(work: Path, *args: str) -> subprocess.CompletedProcess:
@@ -162,6 +163,9 @@ def test_one_more_quality_seed_of_study_c_plans_that_seed_alone(clone, pending):
 
 
 def test_one_more_seed_of_study_b_plans_that_seeds_runs_alone(clone, pending):
+    if not (REPO / "results" / "cpu" / "async_pp" / "lr_selection.json").is_file():
+        pytest.skip("study B's round-6 run (issue 60) has not chosen its LRs yet: every evaluation cell waits behind "
+                    "the LR grid's checkpoint, so no seed's runs can be planned apart from the rest")
     jobs = _plan(clone, "--config", "scale=cpu", "async_pp={seeds: 6}")
     runs = [r for r in _runs(jobs) if r not in pending and not r.startswith("results/cpu/bench/")]
     assert runs and all("/seed5/" in r for r in runs), [r for r in runs if "/seed5/" not in r][:5]

@@ -22,12 +22,24 @@ def _planned_rules(*config: str) -> tuple[set[str], int]:
     return rules, res.stdout.count("rule async_pp_train:")
 
 
+def _given(tmp_path):
+    """A folder of given selections: study A's committed one, and for study B (whose round-6 selection is not run
+    yet: round 5's is archived) the archived document with the choices the cell's arm reads."""
+    import shutil
+
+    for study, src in (("sft_rl", REPO / "results/cpu/sft_rl/lr_selection.json"),
+                       ("async_pp", REPO / "results/cpu/archive/async_pp_round5/lr_selection.json")):
+        (tmp_path / study).mkdir()
+        shutil.copy(src, tmp_path / study / "lr_selection.json")
+    return tmp_path
+
+
 @pytest.mark.slow
-def test_given_selection_keeps_the_grid_out_of_the_plan():
+def test_given_selection_keeps_the_grid_out_of_the_plan(tmp_path):
     rules, trains = _planned_rules()
     assert {"async_pp_select_lr", "sft_rl_select_lr"} <= rules  # the grid behind a tuned cell, by default
     assert trains > 1
-    rules, trains = _planned_rules(f"lr_selection_from={REPO / 'results' / 'cpu'}")
+    rules, trains = _planned_rules(f"lr_selection_from={_given(tmp_path)}")
     assert not rules & SELECTION_RULES, rules
     assert trains == 1  # the cell itself
     assert "sft_rl_rl" in rules
@@ -60,5 +72,8 @@ def test_check_reference_reads_the_committed_selections():
     config = dict(item.split("=", 1) for item in given_config(REPO))
     given = config["lr_selection_from"]
     assert given == str(REPO / "results" / "cpu")
-    for study in ("sft_rl", "async_pp"):  # committed with the studies' cpu runs (.gitignore keeps them)
-        assert (REPO / "results" / "cpu" / study / "lr_selection.json").is_file()
+    # committed with the studies' cpu runs (.gitignore keeps them): study A's round-6 selection; study B's round 6
+    # archived round 5's records with their selection, and commits its own with its grid, before any tuned record
+    assert (REPO / "results" / "cpu" / "sft_rl" / "lr_selection.json").is_file()
+    tuned = list((REPO / "results" / "cpu" / "async_pp").rglob("lr~tuned/**/metrics.json"))
+    assert (REPO / "results" / "cpu" / "async_pp" / "lr_selection.json").is_file() or not tuned

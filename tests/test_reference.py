@@ -218,6 +218,30 @@ def test_a_study_whose_committed_evidence_predates_its_registry_rows_is_not_samp
     assert stale_studies(tmp_path, ("async_pp", "local")) == {}
 
 
+def test_a_study_whose_committed_runs_were_moved_aside_is_not_sampled(tmp_path):
+    """Round 6 moved study B's round-5 records to results/cpu/archive/ (a new design, its run in parts): the
+    committed runs table still lists them, and check-reference says the study is not sampled instead of rerunning
+    cells today's plan does not have. A table whose every run is there is sampled (the false case)."""
+    from gradfidelity.reference.check import stale_studies
+    from gradfidelity.studies.local.claims import EVIDENCE_VERSION as LOCAL_EVIDENCE_VERSION
+
+    claims, runs = tmp_path / "results" / "cpu" / "claims", tmp_path / "results" / "cpu" / "runs"
+    claims.mkdir(parents=True)
+    runs.mkdir(parents=True)
+    (claims / "local.json").write_text(json.dumps({"study": "local", "scale": "cpu",
+                                                   "evidence_version": LOCAL_EVIDENCE_VERSION, "values": {}}))
+    ids = ["results/cpu/local/a/seed0", "results/cpu/local/a/seed1"]
+    pd.DataFrame({"run_id": ids, "status": ["ok", "ok"]}).to_csv(runs / "local.csv", index=False)
+    for run in ids[:1]:
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "metrics.json").write_text("{}")
+    got = stale_studies(tmp_path, ("local",))
+    assert list(got) == ["local"] and "1 runs" in got["local"] and ids[1] in got["local"]
+    (tmp_path / ids[1]).mkdir(parents=True)
+    (tmp_path / ids[1] / "metrics.json").write_text("{}")
+    assert stale_studies(tmp_path, ("local",)) == {}
+
+
 def test_the_round4_cross_isa_rerun_is_within_the_committed_rules():
     """The real cross-ISA rerun (committed AVX2 host vs an AVX-512 host: 0.66% on local's bpb, 0.23% on a Muon
     loss), replayed through compare(): every metric within its rule or not comparable, none outside (exit 0)."""

@@ -223,7 +223,28 @@ def stale_studies(repo: Path, studies: tuple[str, ...]) -> dict[str, str]:
             out[study] = (f"its committed evidence ({path.relative_to(repo)}) is at evidence version {have} and its "
                           f"registry rows at {want[study]}: the committed runs come from an earlier design, which "
                           "this code does not rerun to the same cells (the study's next cpu run replaces them)")
+            continue
+        gone = _moved_runs(Path(repo), study)
+        if gone:
+            out[study] = (f"{len(gone)} runs its committed runs table lists are not in this checkout (e.g. {gone[0]}): "
+                          "their records were moved aside (results/cpu/archive/) when the study's design changed, "
+                          "and its new cpu run is not finished, so its committed runs table stands for no cell of "
+                          "today's plan")
     return out
+
+
+def _moved_runs(repo: Path, study: str) -> list[str]:
+    """The run ids of `study`'s committed runs table whose metrics.json is not in the checkout."""
+    from gradfidelity.harness.record_compare import read_runs_table
+    from gradfidelity.reference.rerun import metrics_path
+
+    path = repo / "results" / SCALE / "runs" / f"{study}.csv"
+    if not path.is_file():
+        return []
+    table = read_runs_table(path)
+    if "run_id" not in table.columns:
+        return []
+    return [r for r in table["run_id"] if not (repo / metrics_path(r)).is_file()]
 
 
 def committed_tables(repo: Path, studies: tuple[str, ...]) -> dict[str, pd.DataFrame]:
