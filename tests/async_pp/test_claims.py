@@ -538,10 +538,11 @@ def test_cli_aggregate_and_report_with_scale(tmp_path, monkeypatch):
                  str(tmp_path / "mit.csv"), "--length-table", str(tmp_path / "len.csv"), "--momentum-table",
                  str(tmp_path / "mom.csv")]) == 0
     values = load_evidence([out], "smoke")["async_pp"]["values"]
-    assert values["B2"]["n"] == 1 and values["B2"]["sources"][-3:] == [str(runs_csv), str(main_csv),
+    # smoke's one seed, and seed 1 of B9-taylor's claim seeds, whose references are Muon's ladder and 2bw
+    assert values["B2"]["n"] == 2 and values["B2"]["sources"][-3:] == [str(runs_csv), str(main_csv),
                                                                         str(tmp_path / "mit.csv")]
     verdict, reason = judge(ROWS["B2"], values["B2"], True, "smoke")
-    assert verdict == NOT_MEASURED and "fewer than 2 paired seeds" in reason  # one seed: no gate, no interval
+    assert verdict == NOT_MEASURED and reason == "n = 2 < min_n = 3"
     assert (tmp_path / "mom.md").exists() and (tmp_path / "len.md").exists()
     assert main(["async-pp-report", "--cfg", c, "--runs", str(runs_csv), "--scale", "cpu", "--claims",
                  str(out)]) == 2  # runs.csv of another scale

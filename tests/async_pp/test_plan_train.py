@@ -30,6 +30,7 @@ from gradfidelity.studies.async_pp.plan import (
     OWN,
     PATTERN,
     TUNED,
+    WIDTH_PREFIX,
     WILDCARDS,
     Cell,
     arm_keys,
@@ -41,6 +42,7 @@ from gradfidelity.studies.async_pp.plan import (
     lr_keys,
     secondary_optimizers,
     sweep_optimizers,
+    width_arm_keys,
 )
 from gradfidelity.studies.async_pp.rules import JOB_KEYS, job_cfg, lr_arg, train_cfg, train_input
 from gradfidelity.studies.async_pp.tables import write_lr_selection
@@ -60,7 +62,8 @@ def test_plan_dedupes_shared_cells_and_paths_and_wildcards_agree():
     assert c.dir() == ("results/async_pp/optimizer~muon/lr~tuned/head~tied/schedule~2bw/mitigation~taylor/depth~1/"
                        "momentum~0.95/steps~160/seed0")
     for cell in cs:  # the rule's output for a cell's wildcards is the cell's path; the wildcards give the cell back
-        assert f"root/{PATTERN.format(**cell.wildcards())}" == cell.metrics("root")
+        pattern = (WIDTH_PREFIX if cell.width else "") + PATTERN  # the width ladder's rule (async_pp_train_width)
+        assert f"root/{pattern.format(**cell.wildcards())}" == cell.metrics("root")
         assert cell_from_wildcards(cell.wildcards()) == cell
     wc = dict(optimizer="adamw", lr="x0.5", head="tied", schedule="sync", mitigation="none", depth="1",
               momentum="0.9", steps="120", seed="100")
@@ -97,7 +100,10 @@ def test_lr_grid_covers_every_arm_on_a_seed_outside_the_evaluation_seeds():
     depth = CFG.sweeps.depth
     assert len(arms) == 2 * len(keys) + len(depth.optimizers) * len(depth.depths) * len(depth.schedules)
     assert ("muon", 0.9, "2bw", 1) in arms and ("adamw", 0.9, "pipedream", 4) in arms
-    assert len(grid) == len(arms) * len(SMOKE["lr_selection"]["multipliers"])
+    widths = width_arm_keys(CFG)  # each width of the width ladder: its optimizers' sync and 2bw (issue 60)
+    assert len(widths) == 2 * sum(len(w.optimizers) for w in CFG.sweeps.width.widths)
+    assert len(grid) == (len(arms) + len(widths)) * len(SMOKE["lr_selection"]["multipliers"])
+    assert {c.steps for c in grid if c.width} == {w.steps for w in CFG.sweeps.width.widths}
     assert {(c.schedule, c.head) for c in grid if c.schedule == "pipedream"} == {("pipedream", "untied")}
     assert {c.depth for c in grid if c.schedule == "pipedream"} == set(depth.depths)
     # outside the grid: tuned and own only (smoke lists no near-tie arm; the next test adds one)
@@ -117,7 +123,7 @@ def test_every_f_key_gets_the_ladder_and_2bw_at_the_main_budget_and_twice_it():
     column) for the length table's optimizers at their default momentum; mitigations and PipeDream at their own,
     at T and 2T."""
     T = CFG.train.steps
-    cs = cells(CFG)
+    cs = [c for c in cells(CFG) if not c.width and c.seed < CFG.seeds]  # the model's own width, every sweep's seeds
     both = set(secondary_optimizers(CFG))
     for opt, mom, head in f_keys(CFG):
         def mine(lr, schedule, key=(opt, mom, head)):
@@ -366,9 +372,9 @@ def test_near_tie_arm_trains_its_second_lr_at_T_and_2T_and_the_grid_budget_can_s
         {(arm.optimizer, arm.momentum, arm.schedule, n) for n in (T, 2 * T)}
     assert {c.seed for c in second} == set(range(tied.seeds))
     assert set(cells(tied)) - set(cells(CFG)) == second  # nothing else is added
-    assert {c.steps for c in grid_cells(CFG)} == {T}
-    kept = load({**SMOKE, "lr_selection": {**SMOKE["lr_selection"], "steps": 2 * T}})
-    assert {c.steps for c in grid_cells(kept)} == {2 * T}
+    assert {c.steps for c in grid_cells(CFG) if not c.width} == {T}  # each width's grid at its own T
+    kept = load({**SMOKE, "lr_selection": {**SMOKE["lr_selection"], "steps": 2 * T, "check_steps": 4 * T}})
+    assert {c.steps for c in grid_cells(kept) if not c.width} == {2 * T}
     assert {c for c in cells(kept) if c.seed < kept.seeds} == {c for c in cells(CFG) if c.seed < CFG.seeds}
     with pytest.raises(UserError, match="sweeps.near_tie"):
         load({**SMOKE, "sweeps": {**SMOKE["sweeps"], "near_tie": [

@@ -23,7 +23,9 @@ from tests.async_pp._world import _SECTION, HOLDS, _runs
 def _cfg(claim_seeds: dict, seeds: int = 3, **lr_selection):
     section = copy.deepcopy(_SECTION)
     section["claim_seeds"] = claim_seeds
-    section["lr_selection"] = {**section["lr_selection"], **lr_selection}
+    section["sweeps"]["width"] = {"widths": []}
+    section["lr_selection"] = {**section["lr_selection"], "check_steps": None, "check_optimizers": None,
+                               **lr_selection}
     return study(section, seeds=seeds)
 
 
