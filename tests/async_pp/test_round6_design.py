@@ -260,3 +260,27 @@ def test_the_ladder_extension_reads_an_f_above_the_ladder_and_claim_seeds_do_wit
     assert np.isnan(fr.f["m"]).all() and "better than sync at 120 steps" in fr.defined("m")
     # the added seeds (no 240 rung planned there) are read by the claim that added them
     assert claims(g, "cpu")["values"]["B9-taylor"]["n"] == 5
+
+
+def test_the_lr_selection_table_carries_the_check_beside_each_sync_and_2bw_row(tmp_path):
+    """PipeDream has a row per depth (the same optimizer, momentum and schedule twice): the check joins the sync and
+    2bw rows only (found by the smoke DAG: the join once refused the table as not one-to-one)."""
+    import pandas as pd
+
+    from gradfidelity.studies.async_pp.tables import write_lr_selection
+
+    def choice(schedule, depth, m):
+        return {"optimizer": "adamw", "momentum": 0.9, "schedule": schedule, "depth": depth, "default_lr": 2e-3,
+                "multiplier": m, "lr": 2e-3 * m, "best_multiplier": m, "near_tie": False, "extended": [],
+                "bracketed": True, "grid": [{"multiplier": m, "final_val_loss": 2.0, "seed": 100}]}
+
+    doc = {"scale": "cpu", "base_multipliers": [1, 2], "near_tie_sd": {},
+           "choices": [choice("sync", 1, 2), choice("2bw", 1, 1), choice("pipedream", 2, 1), choice("pipedream", 4, 1)]}
+    rows = [{"optimizer": "adamw", "momentum": 0.9, "schedule": s, "check_steps": 240, "chosen_multiplier": m,
+             "check_half": 2.1, "check_chosen": 2.0, "check_twice": 2.2, "check_multiplier": m, "check": "holds"}
+            for s, m in (("sync", 2.0), ("2bw", 1.0))]
+    write_lr_selection(doc, str(tmp_path / "t.csv"), rows)
+    table = pd.read_csv(tmp_path / "t.csv").set_index(["schedule", "depth"])
+    assert table.loc[("sync", 1), "check"] == "holds" and table.loc[("2bw", 1), "check_steps"] == 240
+    assert table.loc[("pipedream", 2), "check"] != "holds" and pd.isna(table.loc[("pipedream", 4), "check_steps"])
+    assert "Not holding: none" in (tmp_path / "t.md").read_text()

@@ -291,7 +291,7 @@ def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv:
                            "f_T, f_2T: 2bw at its own LR at T and 2T, read off that width's own sync ladder (its "
                            "budgets the same multiples of T), each width with its own LR grid at its T; intervals: "
                            "two-sided t at B2's level",
-                           "B1, B1-abs and B2 read the widest width whose f has 2+ paired seeds; the narrower widths "
+                           "B1, B1-abs and B2 read the widest width whose f has the claims' min_n paired seeds; the narrower widths "
                            "are readings beside it (each claim's detail)"])
     if momentum_csv:
         write_table(momentum_table(g), momentum_csv, title="Study B: lost compute by momentum (B4)",
@@ -333,8 +333,10 @@ def write_lr_selection(doc: dict, table_csv: str, check_rows: list[dict] | None 
     df = lr_selection_table(doc)
     notes = []
     if check_rows:
-        check = pd.DataFrame(check_rows)[["optimizer", "momentum", "schedule", *CHECK_COLS]].assign(width=0)
-        df = df.merge(check, on=["optimizer", "momentum", "schedule", "width"], how="left", validate="one_to_one")
+        # the check reads the sync and 2bw arms (depth 1) at the model's own width
+        check = pd.DataFrame(check_rows)[["optimizer", "momentum", "schedule", *CHECK_COLS]].assign(depth=1, width=0)
+        df = df.merge(check, on=["optimizer", "momentum", "schedule", "depth", "width"], how="left",
+                      validate="one_to_one")
         steps = ", ".join(str(n) for n in sorted({int(r["check_steps"]) for r in check_rows}))
         moved = [f"{r['optimizer']} {r['momentum']:g} {r['schedule']} ({r['check']})" for r in check_rows
                  if r["check"] != "holds"]
