@@ -291,7 +291,8 @@ def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv:
                            "f_T, f_2T: 2bw at its own LR at T and 2T, read off that width's own sync ladder (its "
                            "budgets the same multiples of T), each width with its own LR grid at its T; intervals: "
                            "two-sided t at B2's level",
-                           "B1, B1-abs and B2 read the widest width whose f has the claims' min_n paired seeds; the narrower widths "
+                           "B1, B1-abs and B2 read the widest width whose f has the claims' min_n paired seeds; the "
+                           "narrower widths "
                            "are readings beside it (each claim's detail)"])
     if momentum_csv:
         write_table(momentum_table(g), momentum_csv, title="Study B: lost compute by momentum (B4)",
