@@ -219,7 +219,9 @@ def test_the_width_table_and_figure_show_each_width_with_its_budget_and_f(tmp_pa
     cfg = _width_cfg()
     runs = _runs(HOLDS, cfg, loss=_width_world({"adamw": 0.3, "muon": 0.99, "muon_all": 0.98}))
     runs["n_params"] = [cfg.model.at_width(w or 32).n_params(40, False) for w in runs["width"]]
+    runs["epochs"] = runs["steps"] / 1000  # a made-up training split of 1000 steps' tokens
     table = width_table(Gaps(runs, cfg)).set_index(["d_model", "optimizer"])
+    assert table.loc[(64, "muon"), "epochs_2T"] == pytest.approx(4 * cfg.train.steps / 1000)
     assert table.loc[(64, "muon"), "f_T"] == pytest.approx(0.99) and table.loc[(32, "muon"), "f_T"] == \
         pytest.approx(0.97, abs=0.002)
     assert table.loc[(64, "muon"), "T"] == 2 * cfg.train.steps and table.loc[(64, "muon"), "seeds"] == 3

@@ -104,6 +104,7 @@ def width_table(g: Gaps) -> pd.DataFrame:
             body = n_params - model.n_params(0, g.head == "tied") if math.isfinite(n_params) else math.nan
             row = {"d_model": model.d_model, "optimizer": opt, "params": n_params, "T": T,
                    "tokens_per_param": T * g.cfg.train.tokens_per_step / n_params if n_params else math.nan,
+                   "epochs_2T": _epochs(g, opt, width, 2 * T),
                    "embed_head_share": body / n_params if n_params else math.nan}
             for b in ("T", "2T"):
                 low, high = _ci(fr.f[b], level)
@@ -115,6 +116,17 @@ def width_table(g: Gaps) -> pd.DataFrame:
 def _width_optimizers(g: Gaps) -> set[str]:
     """The optimizers the width table shows at the model's own width: those the width ladder trains, or B1-B2's."""
     return {o for w in g.cfg.sweeps.width.widths for o in w.optimizers} or {"adamw", "muon"}
+
+
+def _epochs(g: Gaps, opt: str, width: int, steps: int) -> float:
+    """The share of the training split the width's runs at `steps` draw (runs.csv epochs; > 1 repeats text)."""
+    runs = g.runs
+    if "epochs" not in runs.columns:
+        return math.nan
+    w = runs["width"].fillna(0) if "width" in runs.columns else pd.Series(0, index=runs.index)
+    got = pd.to_numeric(runs.loc[(runs["optimizer"] == opt) & (w == width) & (runs["steps"] == steps), "epochs"],
+                        errors="coerce").dropna()
+    return float(got.median()) if len(got) else math.nan
 
 
 def _n_params(g: Gaps, opt: str, width: int) -> float:
@@ -285,7 +297,9 @@ def write_tables(g: Gaps, main_csv: str, mitig_csv: str, scale: str, length_csv:
                            "d_model: the model's own width first, then sweeps.width.widths (d_ff in proportion; depth, "
                            "heads and vocabulary fixed); T = each width's budget"
                            + (f", held at {tpp:g} tokens a parameter" if tpp else "")
-                           + "; params from runs.csv n_params; embed_head_share = the embedding and untied head's "
+                           + "; params from runs.csv n_params; epochs_2T = the share of the training split a run "
+                           "at 2T draws (runs.csv epochs; above 1 the width's runs, sync and async alike, repeat the "
+                           "text); embed_head_share = the embedding and untied head's "
                            "share of the parameters (in the muon arm they train with AdamW; muon_all trains them "
                            "with Muon)",
                            "f_T, f_2T: 2bw at its own LR at T and 2T, read off that width's own sync ladder (its "
