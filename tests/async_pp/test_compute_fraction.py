@@ -17,7 +17,6 @@ from gradfidelity.studies.async_pp.compute_fraction import (
     INSIDE,
     drift_label,
     effective_fraction,
-    per_seed_fractions,
     sync_envelope,
     transient_gate,
 )
@@ -67,14 +66,6 @@ def test_a_noisy_floor_takes_the_smallest_budget_that_reaches_it():
         sync_envelope([100, 100], [2.0, 1.9])
     with pytest.raises(ValueError, match="finite"):
         sync_envelope([100, 200], [2.0, math.nan])
-
-
-def test_per_seed_fractions_pair_each_seed_with_its_own_sweep():
-    shift = np.array([0.0, 0.05, -0.05])[:, None]
-    sync = log_linear(BUDGETS)[None, :] + shift
-    asyn = log_linear([0.5 * 800, 0.25 * 800, 0.5 * 800]) + shift[:, 0]
-    got = [f.value for f in per_seed_fractions(BUDGETS, sync, asyn, 800)]
-    assert np.allclose(got, [0.5, 0.25, 0.5])
 
 
 def _t_ci(x, level):

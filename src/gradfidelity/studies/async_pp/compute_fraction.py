@@ -87,15 +87,6 @@ def effective_fraction(budgets: Sequence[int], sync_final: Sequence[float], targ
     return Fraction(float(math.exp(log_s) / T), INSIDE)
 
 
-def per_seed_fractions(budgets: Sequence[int], sync_final: np.ndarray, async_final: np.ndarray,
-                       T: float) -> list[Fraction]:
-    """f per paired seed: `sync_final` is (seeds, budgets), each seed's own sync sweep; `async_final` (seeds,)."""
-    sync_final, async_final = np.atleast_2d(np.asarray(sync_final, float)), np.asarray(async_final, float)
-    if sync_final.shape[0] != len(async_final):
-        raise ValueError(f"{sync_final.shape[0]} sync sweeps vs {len(async_final)} async losses are not paired")
-    return [effective_fraction(budgets, s, a, T) for s, a in zip(sync_final, async_final, strict=True)]
-
-
 @dataclass(frozen=True)
 class TransientGate:
     passed: bool

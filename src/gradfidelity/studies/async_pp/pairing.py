@@ -114,10 +114,10 @@ class Gaps:
         self.gate_mode = "transient"
         self.lr_for: dict[tuple, str] = {}  # near-tie view (`at(lr_for=...)`): arm -> the lr label its cells read
         self.steps = cfg.train.steps
-        # seeds 0..seeds-1 carry every cell; the seeds `claim_seeds` adds carry one claim's cells only, so a
-        # statistic reads such a seed only where all its cells are planned there (`_extra_planned`)
+        # seeds 0..seeds-1 carry every cell at the model's own width; the seeds `claim_seeds` adds carry one claim's
+        # cells only, and each width of the ladder its own seeds, so a statistic reads such a seed or width only
+        # where all its cells are planned there (`planned`, against `_extra_planned`)
         self.base_seeds = int(cfg.seeds)
-        # seeds above `seeds` carry the claim seeds' cells and the width ladder's (each width its own seeds)
         widest = max([cfg.all_seeds, *(w.seeds for w in cfg.sweeps.width.widths)])
         self.seeds = list(range(widest))
         self._extra_planned = {self._key(c.lr, c.optimizer, c.head, c.schedule, c.mitigation, c.depth, c.momentum,
