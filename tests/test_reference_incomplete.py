@@ -28,6 +28,15 @@ WALL = {LOCAL[0]: 10.0, LOCAL[1]: 30.0, LOCAL[2]: 40.0, SFT[0]: 100.0, SFT[1]: 5
 BPB = {LOCAL[0]: 2.80, LOCAL[1]: 2.90, LOCAL[2]: 3.00}
 
 
+@pytest.fixture(autouse=True)
+def _records_in_place(monkeypatch):
+    """These fake checkouts list runs without writing their records; a real checkout has them (the case where
+    they were moved aside is tests/test_reference.py's)."""
+    import gradfidelity.reference.sample as sample
+
+    monkeypatch.setattr(sample, "_moved_runs", lambda repo, study: [])
+
+
 def _committed_row(run, study, metrics):
     return {"run_id": run, "study": study, "seed": 0, "status": "ok", "wall_s": WALL[run], "cpu_model": "AMD EPYC",
             **{f"metric_{k}": v for k, v in metrics.items()}}  # an old row: unknown ISA, another host type
