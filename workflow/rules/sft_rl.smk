@@ -361,9 +361,7 @@ rule sft_rl_starts:
         f"{SFT_RL_ROOT}/aggregate.csv",
     output:
         csv=SFT_RL_STARTS["csv"],
-        # not flagged for the HTML report yet: --report needs every flagged file present, and this table waits for
-        # round 6's last part (its aggregate reads every planned run); it joins the report with that part
-        md=SFT_RL_STARTS["md"],
+        md=report(SFT_RL_STARTS["md"], category="sft_rl"),
     params:
         gf=GF,
         cfg=sft_rl_rules.job_cfg(SFT_RL_SECTION, "tables"),
@@ -478,6 +476,7 @@ rule sft_rl:
         list(SFT_RL_SELECTION_TABLE.values()) if SFT_RL.lr_selection.enabled else [],
         list(SFT_RL_TABLES.values()),
         list(SFT_RL_FIGURES.values()),
+        list(SFT_RL_STARTS.values()),
         list(SFT_RL_COMPARE.values()),
         f"{RESULTS}/claims/sft_rl.json",
         # the bench compares round 3's RL path with the trim: a config without the trim (paper) has nothing to bench
