@@ -21,3 +21,12 @@ def _restore_environment():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture
+def records_in_place(monkeypatch):
+    """A fake checkout that lists runs without writing their records: the reference sample treats every listed run
+    as in place (a real checkout has them; the case where they were moved aside is tests/test_reference.py's)."""
+    import gradfidelity.reference.sample as sample
+
+    monkeypatch.setattr(sample, "_moved_runs", lambda repo, study: [])

@@ -28,13 +28,8 @@ WALL = {LOCAL[0]: 10.0, LOCAL[1]: 30.0, LOCAL[2]: 40.0, SFT[0]: 100.0, SFT[1]: 5
 BPB = {LOCAL[0]: 2.80, LOCAL[1]: 2.90, LOCAL[2]: 3.00}
 
 
-@pytest.fixture(autouse=True)
-def _records_in_place(monkeypatch):
-    """These fake checkouts list runs without writing their records; a real checkout has them (the case where
-    they were moved aside is tests/test_reference.py's)."""
-    import gradfidelity.reference.sample as sample
-
-    monkeypatch.setattr(sample, "_moved_runs", lambda repo, study: [])
+# these fake checkouts list runs without writing their records (conftest.records_in_place)
+pytestmark = pytest.mark.usefixtures("records_in_place")
 
 
 def _committed_row(run, study, metrics):

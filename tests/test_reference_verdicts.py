@@ -28,13 +28,8 @@ HOST = {"cpu_model": "AMD EPYC", "cpu_vendor": "AuthenticAMD", "cpu_family": 25,
         "cpu_stepping": 1, "cpu_capability": "AVX512", "cpu_flags": "avx2 avx512f", "cpu_isa_limits": "none"}
 
 
-@pytest.fixture(autouse=True)
-def _records_in_place(monkeypatch):
-    """These fake checkouts list runs without writing their records; a real checkout has them (the case where
-    they were moved aside is tests/test_reference.py's)."""
-    import gradfidelity.reference.sample as sample
-
-    monkeypatch.setattr(sample, "_moved_runs", lambda repo, study: [])
+# these fake checkouts list runs without writing their records (conftest.records_in_place)
+pytestmark = pytest.mark.usefixtures("records_in_place")
 
 
 def _verdicts(tmp_path, name, estimate, low, high, registry=(ROW,)):
