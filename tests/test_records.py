@@ -167,6 +167,51 @@ rule local_data:
     assert rebuild.is_record_or_data("results/cpu/sft_rl/m/base/seed0/replay/metrics.json", "cpu")
 
 
+def test_check_rebuild_leaves_out_what_reads_a_study_with_missing_runs(monkeypatch, tmp_path, capsys):
+    """Round 6: with study B's grid not yet run, B's own outputs were left out but the shared targets (power table,
+    claims) still asked for B's claims, so the rebuild's dry run planned B's training and refused. Now every
+    Snakemake call carries --omit-from with the missing records (Snakemake drops them and everything downstream),
+    the shared outputs that reads are named as left out, and the other studies' outputs are still forced."""
+    import subprocess
+
+    import gradfidelity.rebuild as rebuild
+
+    missing = "results/cpu/async_pp/c/seed100/metrics.json"
+    full = [("results/cpu/async_pp/c/seed100/metrics.json", "async_pp_train"),
+            ("results/cpu/async_pp/runs.csv", "async_pp_aggregate"),
+            ("results/cpu/local/aggregate.csv", "local_aggregate"),
+            ("paper_tables/cpu/power.md", "power"),
+            ("paper_tables/cpu/claims.csv", "verify")]
+    omitted = [row for row in full if row[1] in ("async_pp_train", "local_aggregate")]  # B's record stays upstream
+
+    def table(rows):
+        return "output_file\tdate\trule\tlog-file(s)\tstatus\tplan\n" + "".join(
+            f"{out}\tSat Dec  5 10:00:00 2026\t{rule}\t-\tok\tno update\n" for out, rule in rows)
+
+    calls, forcing = [], []
+
+    def fake_snakemake(work, args, *a, **k):
+        calls.append(args)
+        out = (table(omitted if "--omit-from" in args else full) if "--summary" in args else "")
+        return subprocess.CompletedProcess(args, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(rebuild, "snakemake", fake_snakemake)
+    monkeypatch.setattr(rebuild, "missing_runs", lambda repo, scale, study: [missing] if study == "async_pp" else [])
+    monkeypatch.setattr(rebuild.subprocess, "run", lambda cmd, **k: forcing.append(cmd) or subprocess.CompletedProcess(
+        cmd, 0, stdout="", stderr=""))
+    rebuild.check_rebuild(tmp_path)
+    printed = capsys.readouterr().out
+    assert "async_pp left out: 1 of its planned runs have no committed record" in printed
+    assert "2 more outputs left out, downstream of those runs: paper_tables/cpu/claims.csv, paper_tables/cpu/power.md" \
+        in printed
+    omitting = [args for args in calls if "--omit-from" in args]
+    assert omitting and all(args[args.index("--omit-from") + 1] == missing for args in omitting)
+    assert [args for args in calls if "--summary" not in args and "--omit-from" not in args] == []  # every dry run
+    assert forcing and "--omit-from" in forcing[0] and missing in forcing[0]
+    forced = forcing[0][forcing[0].index("--forcerun") + 1:forcing[0].index("--", forcing[0].index("--forcerun"))]
+    assert forced == ["results/cpu/local/aggregate.csv"]  # not B's, not the shared outputs
+
+
 def test_check_rebuild_refuses_a_training_job_before_forcing_anything(monkeypatch, tmp_path):
     """Issue 56: in a clone whose venv path differed, Snakemake found "Params have changed" on a forced cell and the
     rebuild retrained it. Now the rebuild's own command is dry-run first: a planned training job stops it, named

@@ -6,7 +6,11 @@ every job that reads records (aggregates, LR rounds and selections, runs tables,
 downstream of them, and no training job, then lists every committed file that changed.
 
 A study with a planned run that has no record yet (`parts.missing_runs`) is left out and named: rebuilding it would
-train.
+train. So is every output downstream of such a run in any study, the cross-study ones included (the power table,
+`verify`'s claims, the report summary read every study's evidence): each Snakemake call gets `--omit-from` with the
+missing records, Snakemake's own way to drop a file and everything downstream of it from the DAG, and the outputs
+that drops are named. Round 6 met this with study B's grid not yet run: its own outputs were left out, but the
+shared targets still asked for B's claims, so the rebuild's dry run planned B's 130 training jobs and it refused.
 
 A rebuild never trains (issue 56): before each forcing pass the same Snakemake command is dry-run, and if it plans any
 training job (a job of a rule that writes a run record, a bench or prepared data: `is_record_or_data`, or with such an
@@ -40,26 +44,38 @@ def _skipped(path: str, skip: set[str]) -> bool:
     return any(f"/{s}/" in path or f"/{s}." in path or f"/{s}_" in path for s in skip)
 
 
-def forced_outputs(repo: Path, scale: str, skip: set[str]) -> tuple[list[str], list[str], set[str]]:
-    """(the checkpoints' outputs, every other analysis output, the training rules) of the workflow, those of the
-    `skip` studies left out: forcing them reruns them and everything downstream, and nothing upstream.
+def _omit(omit: list[str]) -> list[str]:
+    return ["--omit-from", *omit] if omit else []
 
-    The checkpoints (the LR rounds) come from a dry run with --forceall. The other outputs come from `snakemake
-    --summary`, which resolves the DAG through the checkpoints' existing outputs: a --forceall dry run cannot list
-    what lies downstream of a forced checkpoint (study A's aggregate, tables and claims), so round 4's rebuild never
-    forced those. A rule with any record or data output (a training job, a bench) is never forced."""
-    done = snakemake(repo, ["-n", "--forceall", "--config", f"scale={scale}"], 900.0)
-    if done.returncode != 0:
-        raise SystemExit(f"check-rebuild: the dry run failed:\n{done.stderr[-3000:]}")
-    checkpoints = sorted({job.outputs[0] for job in parse_dry_run(done.stdout)
-                          if job.checkpoint and job.outputs and not _skipped(job.outputs[0], skip)})
-    done = snakemake(repo, ["--summary", "--config", f"scale={scale}"], 900.0)
+
+def summary_rows(repo: Path, scale: str, omit: list[str] = ()) -> list[tuple[str, str]]:
+    """(output, rule) of every output `snakemake --summary` lists, those downstream of `omit` dropped."""
+    done = snakemake(repo, ["--summary", "--config", f"scale={scale}", *_omit(list(omit))], 900.0)
     if done.returncode != 0:
         raise SystemExit(f"check-rebuild: snakemake --summary failed:\n{done.stderr[-3000:]}")
     rows = [line.split("\t") for line in done.stdout.splitlines()]
     rows = [(r[0], r[2]) for r in rows if len(r) >= 6 and r[0] != "output_file"]
     if not rows:
         raise SystemExit("check-rebuild: snakemake --summary listed no output")
+    return rows
+
+
+def forced_outputs(repo: Path, scale: str, skip: set[str], omit: list[str] = ()
+                   ) -> tuple[list[str], list[str], set[str]]:
+    """(the checkpoints' outputs, every other analysis output, the training rules) of the workflow, those of the
+    `skip` studies and those downstream of the `omit` records left out: forcing them reruns them and everything
+    downstream, and nothing upstream.
+
+    The checkpoints (the LR rounds) come from a dry run with --forceall. The other outputs come from `snakemake
+    --summary`, which resolves the DAG through the checkpoints' existing outputs: a --forceall dry run cannot list
+    what lies downstream of a forced checkpoint (study A's aggregate, tables and claims), so round 4's rebuild never
+    forced those. A rule with any record or data output (a training job, a bench) is never forced."""
+    done = snakemake(repo, ["-n", "--forceall", "--config", f"scale={scale}", *_omit(list(omit))], 900.0)
+    if done.returncode != 0:
+        raise SystemExit(f"check-rebuild: the dry run failed:\n{done.stderr[-3000:]}")
+    checkpoints = sorted({job.outputs[0] for job in parse_dry_run(done.stdout)
+                          if job.checkpoint and job.outputs and not _skipped(job.outputs[0], skip)})
+    rows = summary_rows(repo, scale, omit)
     training = {rule for out, rule in rows if is_record_or_data(out, scale)}
     others = sorted({out for out, rule in rows if rule not in training and not _skipped(out, skip)})
     return checkpoints, others, training
@@ -91,10 +107,18 @@ def refuse_training(repo: Path, args: list[str], training: set[str], scale: str,
 
 
 def check_rebuild(repo: Path, scale: str = "cpu", cores: int = 2) -> int:
-    skip = {s for s in STUDIES if missing_runs(repo, scale, s)}
+    missing = {s: missing_runs(repo, scale, s) for s in STUDIES}
+    skip = {s for s, runs in missing.items() if runs}
+    omit = sorted(run for runs in missing.values() for run in runs)
     for s in sorted(skip):
-        print(f"check-rebuild: {s} left out: some of its planned runs have no committed record")
-    checkpoints, others, training = forced_outputs(repo, scale, skip)
+        print(f"check-rebuild: {s} left out: {len(missing[s])} of its planned runs have no committed record")
+    checkpoints, others, training = forced_outputs(repo, scale, skip, omit)
+    if omit:  # the outputs of other studies and the shared ones that read a left-out study: named, not rebuilt
+        kept = set(others)
+        dropped = sorted({out for out, rule in summary_rows(repo, scale) if out not in kept and rule not in training
+                          and not _skipped(out, skip)})
+        print(f"check-rebuild: {len(dropped)} more outputs left out, downstream of those runs"
+              + (": " + ", ".join(dropped) if dropped else ""))
     targets = checkpoints + others
     start, started = time.monotonic(), time.time()
     # Passes until every forced output is rewritten: a forced job that feeds a checkpoint-dependent input function
@@ -104,7 +128,7 @@ def check_rebuild(repo: Path, scale: str = "cpu", cores: int = 2) -> int:
     forced, passes = checkpoints or others, 0
     while forced:
         passes += 1
-        args = ["--config", f"scale={scale}", "--forcerun", *forced, "--", "all"]
+        args = ["--config", f"scale={scale}", *_omit(omit), "--forcerun", *forced, "--", "all"]
         refuse_training(repo, args, training, scale, passes - 1)  # each pass: it re-plans what the last one left
         rc = subprocess.run([sys.executable, "-m", "snakemake", f"-c{cores}", *args], cwd=repo).returncode
         if rc != 0:
