@@ -89,15 +89,20 @@ def _runs(world: dict, cfg: StudyConfig = CFG, loss=None) -> pd.DataFrame:
                          for c in cells(cfg)])
 
 
-def _selection(adamw_near_tie: bool = True) -> pd.DataFrame:
+def _selection(adamw_near_tie: bool = True, widths: bool = False) -> pd.DataFrame:
     """An LR-selection table: AdamW 0.9's 2bw a near-tie (best x1, as smoke's sweeps.near_tie lists), Muon's 2bw a
-    near-tie whose best is sync's choice (read at lr~tuned), Adan's sync arm a near-tie (no second ladder)."""
-    row = lambda o, m, s, chosen, best, near: {  # noqa: E731
-        "optimizer": o, "momentum": m, "schedule": s, "depth": 1, "chosen_multiplier": chosen,
+    near-tie whose best is sync's choice (read at lr~tuned), Adan's sync arm a near-tie (no second ladder). With
+    `widths`, a width ladder's rows below them (as the cpu selection has them): Muon 0.95 at d 64, a near-tie on both
+    schedules at another multiplier and with another sync choice."""
+    row = lambda o, m, s, chosen, best, near, width=0: {  # noqa: E731
+        "optimizer": o, "momentum": m, "schedule": s, "depth": 1, "width": width, "chosen_multiplier": chosen,
         "best_multiplier": best, "near_tie": near}
-    return pd.DataFrame([row("adamw", 0.9, "sync", 1.0, 1.0, False), row("adamw", 0.9, "2bw", 0.5, 1.0, adamw_near_tie),
-                         row("muon", 0.95, "sync", 1.0, 1.0, False), row("muon", 0.95, "2bw", 0.5, 1.0, True),
-                         row("adan", 0.98, "sync", 0.5, 1.0, True)])
+    rows = [row("adamw", 0.9, "sync", 1.0, 1.0, False), row("adamw", 0.9, "2bw", 0.5, 1.0, adamw_near_tie),
+            row("muon", 0.95, "sync", 1.0, 1.0, False), row("muon", 0.95, "2bw", 0.5, 1.0, True),
+            row("adan", 0.98, "sync", 0.5, 1.0, True)]
+    if widths:
+        rows += [row("muon", 0.95, "sync", 0.5, 2.0, True, 64), row("muon", 0.95, "2bw", 0.5, 2.0, True, 64)]
+    return pd.DataFrame(rows)
 
 
 AMD = {"cpu_model": "AMD EPYC", "cpu_vendor": "AuthenticAMD", "cpu_family": "25", "cpu_model_number": "17",

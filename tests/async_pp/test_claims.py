@@ -26,6 +26,7 @@ from gradfidelity.studies.async_pp.aggregate import aggregate
 from gradfidelity.studies.async_pp.claims import (
     CLAIM_IDS,
     EVIDENCE_VERSION,
+    _best_multipliers,
     _evidence,
     budget_readings,
     budget_table,
@@ -554,6 +555,17 @@ def test_near_tie_arms_read_their_own_cells_or_the_tuned_ones_and_a_listed_non_t
     assert untrained == ["adan 0.98 sync (best x1)"]
     with pytest.raises(UserError, match="sweeps.near_tie.*not a near-tie"):
         near_tie_arms(CFG, _selection(adamw_near_tie=False))
+
+
+def test_a_width_ladders_near_ties_are_listed_at_their_width_and_leave_the_own_widths_arms_alone():
+    """The cpu selection holds d 64 and d 128 rows under the same (optimizer, momentum, schedule, depth) as d 32's:
+    keyed without the width, d 64's Muon sync choice (x0.5) overwrote d 32's, so d 32's Muon 2bw near-tie was no
+    longer read at lr~tuned, and d 64's near-ties were listed as d 32's."""
+    arms, untrained = near_tie_arms(CFG, _selection(widths=True))
+    assert arms == {("adamw", 0.9, "2bw", 1): "x1", ("muon", 0.95, "2bw", 1): "tuned"}
+    assert untrained == ["adan 0.98 sync (best x1)", "muon 0.95 sync at d 64 (best x2)",
+                         "muon 0.95 2bw at d 64 (best x2)"]
+    assert _best_multipliers(_selection(widths=True)) == _best_multipliers(_selection())
 
 
 def test_a_claim_is_reported_at_both_lrs_of_a_near_tie_and_its_verdict_may_differ():

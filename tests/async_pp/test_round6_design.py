@@ -107,21 +107,31 @@ def _check_record(tmp_path, cell: Cell, loss: float) -> str:
 
 def test_the_check_says_whether_each_choice_holds_at_the_longer_budget(tmp_path, monkeypatch):
     cfg = _cfg({}, check_steps=240)
-    selection = {"near_tie_sd": {"adamw": 0.0}, "choices": [
+    selection = {"near_tie_sd": {"adamw": 0.0, "adan": 0.3}, "choices": [
         {"optimizer": "adamw", "momentum": 0.9, "schedule": "sync", "depth": 1, "multiplier": 1.0},
         {"optimizer": "adamw", "momentum": 0.9, "schedule": "2bw", "depth": 1, "multiplier": 1.0},
-        {"optimizer": "muon", "momentum": 0.95, "schedule": "sync", "depth": 1, "multiplier": 2.0}]}
+        {"optimizer": "muon", "momentum": 0.95, "schedule": "sync", "depth": 1, "multiplier": 2.0},
+        {"optimizer": "adan", "momentum": 0.98, "schedule": "sync", "depth": 1, "multiplier": 4.0},
+        {"optimizer": "adan", "momentum": 0.98, "schedule": "2bw", "depth": 1, "multiplier": 4.0}]}
     losses = {("adamw", "sync"): {0.5: 1.9, 1: 1.8, 2: 1.85},  # holds
               ("adamw", "2bw"): {0.5: 1.7, 1: 1.8, 2: 1.9},  # moves down to x0.5
-              ("muon", "sync"): {1: 1.7, 2: math.nan}}  # the chosen LR diverged, x4 not trained
-    paths = [_check_record(tmp_path, Cell(o, lr_label(k), "untied", s, "none", 1, 0.9 if o == "adamw" else 0.95,
-                                          240, cfg.lr_selection.seed), v)
+              ("muon", "sync"): {1: 1.7, 2: math.nan},  # the chosen LR diverged, x4 not trained
+              # the chosen x4 still the best, x2 within Adan's sd: only the near-tie step moves it (cpu's Adan 2bw)
+              ("adan", "sync"): {2: 3.07, 4: 2.995, 8: 3.074},
+              ("adan", "2bw"): {2: 3.0, 4: 3.2, 8: 2.8}}  # the best moves up to x8, and x4 is no near-tie of it
+    mom = {"adamw": 0.9, "muon": 0.95, "adan": 0.98}
+    paths = [_check_record(tmp_path, Cell(o, lr_label(k), "untied", s, "none", 1, mom[o], 240,
+                                          cfg.lr_selection.seed), v)
              for (o, s), grid in losses.items() for k, v in grid.items()]
     monkeypatch.setattr("gradfidelity.harness.results.load_run_records", _fake_loader)
     rows = {(r["optimizer"], r["schedule"]): r for r in check(selection, paths, "cpu", 240)}
     assert rows["adamw", "sync"]["check"] == "holds" and rows["adamw", "sync"]["check_chosen"] == 1.8
     assert rows["adamw", "2bw"]["check"] == "moves to x0.5" and rows["adamw", "2bw"]["check_multiplier"] == 0.5
+    assert rows["adamw", "2bw"]["check_best"] == 0.5
     assert rows["muon", "sync"]["check"].startswith("not checked: x4 not trained")
+    assert rows["adan", "sync"]["check"] == "moves to x2 (a near-tie step: x4, the chosen, is still the best)"
+    assert rows["adan", "sync"]["check_best"] == 4 and rows["adan", "sync"]["check_multiplier"] == 2
+    assert rows["adan", "2bw"]["check"] == "moves to x8" and rows["adan", "2bw"]["check_best"] == 8
 
 
 def _fake_loader(paths, scale):
@@ -279,7 +289,8 @@ def test_the_lr_selection_table_carries_the_check_beside_each_sync_and_2bw_row(t
     doc = {"scale": "cpu", "base_multipliers": [1, 2], "near_tie_sd": {},
            "choices": [choice("sync", 1, 2), choice("2bw", 1, 1), choice("pipedream", 2, 1), choice("pipedream", 4, 1)]}
     rows = [{"optimizer": "adamw", "momentum": 0.9, "schedule": s, "check_steps": 240, "chosen_multiplier": m,
-             "check_half": 2.1, "check_chosen": 2.0, "check_twice": 2.2, "check_multiplier": m, "check": "holds"}
+             "check_half": 2.1, "check_chosen": 2.0, "check_twice": 2.2, "check_best": m, "check_multiplier": m,
+             "check": "holds"}
             for s, m in (("sync", 2.0), ("2bw", 1.0))]
     write_lr_selection(doc, str(tmp_path / "t.csv"), rows)
     table = pd.read_csv(tmp_path / "t.csv").set_index(["schedule", "depth"])

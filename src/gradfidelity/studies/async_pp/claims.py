@@ -804,7 +804,7 @@ def near_tie_arms(cfg: StudyConfig, selection: pd.DataFrame) -> tuple[dict[tuple
     not."""
     from gradfidelity.studies.async_pp.plan import TUNED, default_momentum, lr_label, secondary_optimizers
 
-    rows = selection.to_dict("records")
+    rows = _own_width(selection)
     key = lambda r: (r["optimizer"], round(float(r["momentum"]), 6), r["schedule"], int(r["depth"]))  # noqa: E731
     near = {key(r): float(r["best_multiplier"]) for r in rows if _true(r["near_tie"])}
     sync_choice = {key(r)[:2]: float(r["chosen_multiplier"]) for r in rows if r["schedule"] == "sync"}
@@ -824,7 +824,18 @@ def near_tie_arms(cfg: StudyConfig, selection: pd.DataFrame) -> tuple[dict[tuple
             arms[arm] = TUNED
         else:
             untrained.append(f"{_arm_text(arm)} (best x{m:g})")
+    # the width ladder's near-ties: each width trains its chosen LR only (one LR per width at this scale)
+    untrained += [f"{_arm_text(key(r))} at d {int(r['width'])} (best x{float(r['best_multiplier']):g})"
+                  for r in _own_width(selection, other=True) if _true(r["near_tie"])]
     return arms, untrained
+
+
+def _own_width(selection: pd.DataFrame, other: bool = False) -> list[dict]:
+    """The selection's rows at the model's own width (width 0 or no width column), or with `other` the width
+    ladder's: an arm's key (optimizer, momentum, schedule, depth) is the same at every width, so mixing them would
+    read one width's choice as another's."""
+    width = lambda r: int(r.get("width", 0) or 0)  # noqa: E731
+    return [r for r in selection.to_dict("records") if bool(width(r)) == other]
 
 
 def _true(value) -> bool:
@@ -901,7 +912,7 @@ def _best_multipliers(selection: pd.DataFrame | None) -> dict[tuple, float]:
     if selection is None:
         return {}
     key = lambda r: (r["optimizer"], round(float(r["momentum"]), 6), r["schedule"], int(r["depth"]))  # noqa: E731
-    return {key(r): float(r["best_multiplier"]) for r in selection.to_dict("records") if _true(r["near_tie"])}
+    return {key(r): float(r["best_multiplier"]) for r in _own_width(selection) if _true(r["near_tie"])}
 
 
 def _deciding_text(reading: BudgetReading | None, rec_T: dict, rec_2T: dict | None, arms: dict[tuple, str],

@@ -55,7 +55,9 @@ def _select_lr(args) -> int:
 
         write_lr_selection(doc, args.table)
     for c in doc["choices"]:
-        print(f"{c['optimizer']} momentum {c['momentum']:g} {c['schedule']} depth {c['depth']}: x{c['multiplier']:g} "
+        at = f" at d {c['width']}" if c.get("width") else ""  # the width ladder's arms share the own width's keys
+        print(f"{c['optimizer']} momentum {c['momentum']:g} {c['schedule']} depth {c['depth']}{at}: "
+              f"x{c['multiplier']:g} "
               f"-> lr {c['lr']:.3g}{'' if c['bracketed'] else ' (NOT bracketed)'}"
               f"{' (near-tie: best x' + format(c['best_multiplier'], 'g') + ')' if c['near_tie'] else ''}")
     return 0

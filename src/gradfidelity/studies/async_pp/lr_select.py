@@ -194,9 +194,20 @@ def check(selection: dict, check_paths: list[str], scale: str, steps: int,
             continue
         at_check, _ = lr_grid.near_tie(losses, float(sds.get(key[0], 0.0)), higher_is_better=False,
                                        what=f"async_pp check {key}")
-        rows.append({**row, "check_multiplier": at_check,
-                     "check": "holds" if at_check == m else f"moves to x{at_check:g}"})
+        best = lr_grid.choose(losses, higher_is_better=False, what=f"async_pp check {key}")
+        rows.append({**row, "check_best": best, "check_multiplier": at_check, "check": _check_label(m, at_check, best)})
     return rows
+
+
+def _check_label(chosen: float, at_check: float, best: float) -> str:
+    """'holds', or where the rule's choice moves; where only the near-tie step moves it (the chosen multiplier is
+    still the lowest loss of the three, and its smaller neighbour within the sd), it says so: with the optimizer's sd
+    as wide as Adan's, the step is taken whatever the budget, so it is no sign that the best LR moved."""
+    if at_check == chosen:
+        return "holds"
+    if best == chosen:
+        return f"moves to x{at_check:g} (a near-tie step: x{chosen:g}, the chosen, is still the best)"
+    return f"moves to x{at_check:g}" + (f" (best x{best:g}, a near-tie step below it)" if best != at_check else "")
 
 
 def write_selection(metrics_paths: list[str], scale: str, out_json: str, base: list[float] | None = None,

@@ -335,7 +335,7 @@ def lr_selection_table(doc: dict) -> pd.DataFrame:
     return df[[k for k in df.columns if not k.startswith("loss_x")] + losses]
 
 
-CHECK_COLS = ("check_steps", "check_half", "check_chosen", "check_twice", "check_multiplier", "check")
+CHECK_COLS = ("check_steps", "check_half", "check_chosen", "check_twice", "check_best", "check_multiplier", "check")
 
 
 def write_lr_selection(doc: dict, table_csv: str, check_rows: list[dict] | None = None) -> None:
@@ -357,8 +357,9 @@ def write_lr_selection(doc: dict, table_csv: str, check_rows: list[dict] | None 
                  if r["check"] != "holds"]
         notes.append(f"the check (lr_selection.check_steps = {steps}): each sync and 2bw arm at half, at and twice "
                      "its chosen multiplier (check_half, check_chosen, check_twice: final validation loss), on the "
-                     "selection seed, judged by the same rule (near-tie sd included); check_multiplier = what the "
-                     "rule picks there, check = holds or where the choice moves. Not holding: "
+                     "selection seed, judged by the same rule (near-tie sd included); check_best = the lowest loss "
+                     "of the three, check_multiplier = what the rule picks there (a near-tie steps one below the "
+                     "best), check = holds or where the choice moves. Not holding: "
                      + ("; ".join(moved) if moved else "none"))
     write_table(df, table_csv,
                 title="Study B: learning-rate selection, each arm (sync, 2bw, PipeDream per depth) on its own grid",
