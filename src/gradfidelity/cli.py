@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from gradfidelity.errors import UserError
@@ -262,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"gradfidelity {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader closed the pipe (`gradfidelity cpu-part --list | head`): stop quietly with the shell's SIGPIPE
+        # status, as cat does. stdout goes to devnull so the interpreter's exit-time flush cannot raise again
+        # (the recipe of Python's signal documentation, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # 141: SIGPIPE's status
 
 
 if __name__ == "__main__":
