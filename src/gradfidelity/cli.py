@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 
 from gradfidelity.errors import UserError
@@ -255,6 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_reader_gone() -> bool:
+    """True when stdout is a pipe whose reading end has closed (poll reports POLLERR on the writing end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):  # stdout closed or not a real file: not the `| head` case
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     prepare_job_environment()
     args = build_parser().parse_args(argv)
@@ -264,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gradfidelity {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
-        # The reader closed the pipe (`gradfidelity cpu-part --list | head`): stop quietly with the shell's SIGPIPE
+        if not _stdout_reader_gone():
+            raise  # a broken pipe elsewhere (a worker's, a socket's) is a real failure and stays loud
+        # The reader closed stdout (`gradfidelity cpu-part --list | head`): stop quietly with the shell's SIGPIPE
         # status, as cat does. stdout goes to devnull so the interpreter's exit-time flush cannot raise again
         # (the recipe of Python's signal documentation, "Note on SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
