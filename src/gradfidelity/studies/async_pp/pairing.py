@@ -193,7 +193,9 @@ class Gaps:
         mom = default_momentum(spec.optimizer) if spec.momentum is None else spec.momentum
         depth = spec.depth if spec.schedule.startswith("pipedream") else 1
         lr = spec.lr_label
-        other = self.lr_for.get((spec.optimizer, round(float(mom), 6), spec.schedule, depth)) if lr == OWN else None
+        # the near-tie arms (sweeps.near_tie) train at the model's own width only: a width-ladder cell keeps its LR
+        other = (self.lr_for.get((spec.optimizer, round(float(mom), 6), spec.schedule, depth))
+                 if lr == OWN and not spec.width else None)
         if other is not None:
             if spec.mitigation != "none":
                 return None
