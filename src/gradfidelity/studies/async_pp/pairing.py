@@ -387,8 +387,12 @@ def sync_falls(g: Gaps, optimizer: str, momentum: float | None = None, head: str
         return gate("sync_falls", False, f"{label}: fewer than 2 paired seeds{p.dropped_note()}")
     fall = t_interval(p["T"] - p["2T"], level)
     ok = fall.low is not None and fall.low > 0.0
+    # a failed gate says which: a ladder at its floor (the mean fall is not above 0) or a fall too scattered over
+    # the seeds to show (a mean fall above 0 whose interval reaches 0: more seeds could show it)
+    why = "" if ok else (" (does not fall: saturated)" if fall.estimate <= 0.0 else
+                         " (not shown to fall: the mean falls, but its interval reaches 0 at this n)")
     return gate("sync_falls", ok, f"{label}: the loss falls {fall.estimate:.4f} [{fall.low:.4f}, {fall.high:.4f}]"
-                                  f"{'' if ok else ' (does not fall: saturated)'}")
+                                  f"{why}")
 
 
 # ------------------------------------------------------------------------------------ host types and run costs
