@@ -233,38 +233,35 @@ def _b1(g: Gaps, src: list[str]) -> dict[str, dict]:
     return {"B1": rec, "B1-abs": _b1_abs(g, src)}
 
 
-def _b1_abs(g: Gaps, src: list[str]) -> dict:
-    """AdamW's lost compute alone, at the widest width where AdamW's f has min_n paired seeds: it reads no Muon
-    run, so a Muon f off its ladder (which blocks B1) does not block it."""
-    widths = widths_read(g, ("adamw",))
+def _lost_at_widest(g: Gaps, cid: str, opt: str, name: str, src: list[str]) -> tuple[dict, int]:
+    """(the record, the width read) of `opt`'s 2bw lost compute alone, at the widest width where its f has min_n
+    paired seeds, each narrower width's reading in its detail. B1-abs reads AdamW this way, so a Muon f off its
+    ladder (which blocks B1) does not block it."""
+    widths = widths_read(g, (opt,))
     w = widths[-1]
-    fr = fractions(g, {"adamw": Spec("adamw", "2bw", width=w)})
-    gates = _gates(g, "B1-abs", [_key("adamw", width=w)])
-    what = "AdamW 2bw lost compute 1 - f"
-    rec = _blocked(fr, what, src, gates, "adamw") or _stat("B1-abs", fr, fr.lost("adamw"), what, src, gates)
-    rec["detail"] += _width_readings(g, "B1-abs", ("adamw",), w, widths,
-                                     lambda f: f"lost {_mean_text(f.lost('adamw'), level_for('B1-abs'))}")
+    fr = fractions(g, {opt: Spec(opt, "2bw", width=w)})
+    gates = _gates(g, cid, [_key(opt, width=w)])
+    what = f"{name} 2bw lost compute 1 - f"
+    rec = _blocked(fr, what, src, gates, opt) or _stat(cid, fr, fr.lost(opt), what, src, gates)
+    rec["detail"] += _width_readings(g, cid, (opt,), w, widths,
+                                     lambda f: f"lost {_mean_text(f.lost(opt), level_for(cid))}")
     rec[_WIDTH] = w
-    return rec
+    return rec, w
+
+
+def _b1_abs(g: Gaps, src: list[str]) -> dict:
+    return _lost_at_widest(g, "B1-abs", "adamw", "AdamW", src)[0]
 
 
 def _b2(g: Gaps, src: list[str]) -> dict:
-    widths = widths_read(g, ("muon",))
-    w = widths[-1]
-    fr = fractions(g, {"muon": Spec("muon", "2bw", width=w)})
-    gates = _gates(g, "B2", [_key("muon", width=w)])
-    what = "Muon 2bw lost compute 1 - f"
-    rec = _blocked(fr, what, src, gates, "muon") or _stat("B2", fr, fr.lost("muon"), what, src, gates)
-    level = level_for("B2")
-    rec["detail"] += _width_readings(g, "B2", ("muon",), w, widths,
-                                     lambda f: f"lost {_mean_text(f.lost('muon'), level)}")
+    rec, w = _lost_at_widest(g, "B2", "muon", "Muon", src)
     # the Muon-embedding arm (issue 60): Muon on every matrix, at the same width, beside the claim's arm
     if "muon_all" in _optimizers_at(g, w):
+        level = level_for("B2")
         fa = fractions(g, {"muon_all": Spec("muon_all", "2bw", width=w)})
         rec["detail"] += (f"; beside it, muon_all (the embedding and head on Muon too) at {_width_name(g, w)}: "
                           + (f"lost {_mean_text(fa.lost('muon_all'), level)} ({fa.n} seeds)"
                              if fa.n >= 2 and not fa.defined("muon_all") else "undefined"))
-    rec[_WIDTH] = w
     return rec
 
 
