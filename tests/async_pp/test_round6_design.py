@@ -196,6 +196,53 @@ def test_the_claims_read_the_widest_width_that_ran_with_the_narrower_beside_it()
     assert values["B2"]["estimate"] == pytest.approx(0.03, abs=0.002) and not values["B2"].get("diverged")
 
 
+def test_a_width_reading_names_its_own_budgets_and_b1_abs_stands_when_muons_f_leaves_the_ladder():
+    """The cpu run's first aggregate (seeds 0-3): at d 64 one seed's Muon 2bw at 2T beat sync's ladder end, so B1
+    was not measured at 2T; B1-abs, which reads AdamW alone, was blocked with it, and both labels said T = 512 (d 32's
+    budget) for a reading at d 64's 1563."""
+    from gradfidelity.studies.async_pp.claims import budget_readings
+
+    cfg = _width_cfg()
+    Tw = 2 * cfg.train.steps  # d 64's T in this config
+    # at d 64: AdamW keeps 0.3 of its compute; Muon's 2bw ends where sync needs 1.5 x its budget, inside the
+    # ladder at T and beyond its top (2T) at 2T
+    runs = _runs(HOLDS, cfg, loss=_width_world({"adamw": 0.3, "muon": 1.5, "muon_all": 0.98}))
+    recs, readings = budget_readings(Gaps(runs, cfg), "cpu")
+    assert readings["B1"].verdict_2T == "not measured at this scale" and not readings["B1"].decided
+    # B1-abs reads AdamW only: decided at d 64 on both budgets
+    b1_abs = readings["B1-abs"]
+    assert b1_abs.decided and recs["B1-abs"]["estimate"] == pytest.approx(0.7, abs=1e-9)
+    assert (b1_abs.T, readings["B2"].T) == (Tw, Tw)
+    assert f"verdict at T = {Tw} at d 64: " in b1_abs.gate()["reason"] and f"at 2T = {2 * Tw}: " in \
+        b1_abs.gate()["reason"]
+    assert f"host types: at {Tw} steps: one host type" in recs["B1-abs"]["detail"]
+    written = claims(Gaps(runs, cfg), "cpu")["values"]["B1-abs"]  # the width is a private key, never written
+    assert written["estimate"] == pytest.approx(0.7, abs=1e-9) and not any(k.startswith("_") for k in written)
+    # the false case: a claim at the model's own width keeps its T and says no width
+    assert readings["B3"].T == cfg.train.steps and " at d " not in readings["B3"].gate()["reason"].split(":")[0]
+
+
+def test_a_near_tie_view_swaps_the_own_widths_arm_only_never_a_width_ladder_cell():
+    """sweeps.near_tie arms train at the model's own width: the near-tie view of B1 (read at d 64) once swapped
+    d 64's AdamW 2bw for a lr~x1 cell that does not exist there, and read d 32 instead."""
+    from gradfidelity.studies.async_pp.claims import _reads
+    from gradfidelity.studies.async_pp.pairing import Spec, fractions
+
+    cfg = _width_cfg()
+    runs = _runs(HOLDS, cfg, loss=_width_world({"adamw": 0.3, "muon": 0.99, "muon_all": 0.98}))
+    view = Gaps(runs, cfg).at(lr_for={("adamw", 0.9, "2bw", 1): "x1"})
+    at64 = fractions(view, {"a": Spec("adamw", "2bw", width=64)})
+    assert at64.n == 3 and at64.f["a"] == pytest.approx([0.3] * 3)  # d 64's own-LR cells, untouched
+    assert not any("lr~x1" in d for d in at64.p.sources)
+    # the false case: at the model's own width the arm is swapped to its lr~x1 cells (sweeps.near_tie trains them)
+    own = fractions(view, {"a": Spec("adamw", "2bw")})
+    assert any("/optimizer~adamw/lr~x1/" in d and "width~" not in d for d in own.p.sources)
+    arm = ("adamw", 0.9, "2bw", 1)
+    cell = "optimizer~adamw/lr~own/head~untied/schedule~2bw/mitigation~none/depth~1/momentum~0.9/steps~60/seed0"
+    assert _reads({"sources": [f"r/{cell}"]}, arm, "own")
+    assert not _reads({"sources": [f"r/width~64/{cell}"]}, arm, "own")
+
+
 def test_a_width_whose_steps_miss_the_tokens_per_parameter_is_refused_naming_the_key():
     section = copy.deepcopy(_SECTION)
     section["data"] = {"corpus": "file", "path": "x.txt", "bpe_vocab": 512}

@@ -19,10 +19,17 @@ ASYNC_PP_DATA = _ap_rules.data_files(ASYNC_PP, ASYNC_PP_ROOT)  # {} unless data.
 ASYNC_PP_TABLES = _ap_plan.table_paths(TABLES)
 ASYNC_PP_FIGURES = _ap_plan.figure_paths(FIGURES)
 ASYNC_PP_DRIFT = sorted(str(p) for p in Path(RESULTS, "reference").glob("drift_*.csv"))
+# Rounds 4-5's evaluation records, archived by round 6 (its README): one table reads them, the drift between host
+# types per arm (issue 60), pairing each with the current run of the same cell, seed and LR value.
+ASYNC_PP_ARCHIVE = f"{RESULTS}/archive/async_pp_round5"
+ASYNC_PP_ARCHIVED = sorted(str(p) for p in Path(ASYNC_PP_ARCHIVE).glob("optimizer~*/**/metrics.json"))
+ASYNC_PP_HOST_DRIFT = (
+    [f"{TABLES}/async_pp_host_drift.csv", f"{TABLES}/async_pp_host_drift.md"] if ASYNC_PP_ARCHIVED else []
+)
 
 STUDY_RUNS["async_pp"] = ASYNC_PP_RUNS
 CLAIM_EVIDENCE.append(f"{RESULTS}/claims/async_pp.json")
-REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + [f"{RESULTS}/bench/async_pp.json"])
+REPORT_TARGETS.extend(ASYNC_PP_TABLES + ASYNC_PP_FIGURES + ASYNC_PP_HOST_DRIFT + [f"{RESULTS}/bench/async_pp.json"])
 
 
 # A text file (config data.path; at the cpu scale `local:python_docs`, the Debian Python docs study C exports) -> the BPE
@@ -327,9 +334,56 @@ rule async_pp_bench:
         + "> {log} 2>&1"
 
 
+if ASYNC_PP_ARCHIVED:
+
+    rule async_pp_archive_runs:
+        input:
+            ASYNC_PP_ARCHIVED,
+        output:
+            runs=f"{ASYNC_PP_ARCHIVE}/runs.csv",
+            curves=temp(f"{ASYNC_PP_ARCHIVE}/curves.csv"),
+        params:
+            gf=GF,
+            scale=SCALE,
+        log:
+            f"{RESULTS}/async_pp/logs/archive_runs.log",
+        conda:
+            CONDA_ENV
+        threads: 1
+        resources:
+            **rule_resources("async_pp_archive_runs"),
+        shell:
+            "{params.gf} async-pp-aggregate --metrics {input} --scale {params.scale} --runs {output.runs} "
+            "--curves {output.curves} > {log} 2>&1"
+
+    rule async_pp_host_drift:
+        input:
+            runs=f"{RESULTS}/async_pp/runs.csv",
+            archive=f"{ASYNC_PP_ARCHIVE}/runs.csv",
+        output:
+            csv=ASYNC_PP_HOST_DRIFT[0],
+            # not flagged for the HTML report until round 6's last part (issue 60): it reads that part's aggregate
+            md=ASYNC_PP_HOST_DRIFT[1],
+        params:
+            cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "host_drift"),
+            gf=GF,
+            scale=SCALE,
+        log:
+            f"{RESULTS}/async_pp/logs/host_drift.log",
+        conda:
+            CONDA_ENV
+        threads: 1
+        resources:
+            **rule_resources("async_pp_host_drift"),
+        shell:
+            "{params.gf} async-pp-report --cfg {params.cfg} --runs {input.runs} --scale {params.scale} "
+            "--archive-runs {input.archive} --host-drift-table {output.csv} > {log} 2>&1"
+
+
 rule async_pp:
     input:
         ASYNC_PP_TABLES,
         ASYNC_PP_FIGURES,
+        ASYNC_PP_HOST_DRIFT,
         f"{RESULTS}/claims/async_pp.json",
         f"{RESULTS}/bench/async_pp.json",

@@ -97,6 +97,7 @@ TOST_READING = ("B1-abs", "B2")
 WEAKEST = "deciding comparison: "  # how claims.evidence.weakest names the comparison that decides
 _SEEDS = "_per_seed"  # the private key of a record's per-seed values (never written to the evidence file)
 _WHAT = "_statistic"  # the private key of the statistic's name (the power record's `statistic`)
+_WIDTH = "_width"  # the private key of the width a claim of the width ladder reads (0: the model's own)
 
 
 def _gates(g: Gaps, cid: str, keys, steps: int | None = None) -> list[dict]:
@@ -214,7 +215,7 @@ def _b1(g: Gaps, src: list[str]) -> dict[str, dict]:
     if blocked:
         b1 = with_parts({"difference": blocked, "ratio": blocked}, detail=blocked["detail"], gates=gates,
                         sources=blocked["sources"])
-        return {"B1": b1, "B1-abs": dict(blocked)}
+        return {"B1": dict(b1, **{_WIDTH: w}), "B1-abs": _b1_abs(g, src)}
     lost_a, lost_m = fr.lost("adamw"), fr.lost("muon")
     mult_a, mult_m = -np.log(fr.f["adamw"]), -np.log(fr.f["muon"])  # log compute multipliers log(1/f)
     parts = {"difference": _diff("B1", fr, fr.f["muon"], fr.f["adamw"], "f(Muon 2bw) - f(AdamW 2bw)", src),
@@ -228,31 +229,35 @@ def _b1(g: Gaps, src: list[str]) -> dict[str, dict]:
                             f"{fr.p.per_seed(mult_a)}, muon {fr.p.per_seed(mult_m)}{at_width}")
     if fr.p.diverged:
         rec["diverged"] = fr.p.diverged
-    widths_a = widths_read(g, ("adamw",))
-    if widths_a[-1] == w:
-        b1_abs = _stat("B1-abs", fr, lost_a, "AdamW 2bw lost compute 1 - f", src, gates[:1], names=("adamw",))
-    else:  # AdamW ran at a wider width than Muon: B1-abs reads it there
-        fa = fractions(g, {"adamw": Spec("adamw", "2bw", width=widths_a[-1])})
-        gates_a = _gates(g, "B1-abs", [_key("adamw", width=widths_a[-1])])
-        b1_abs = _blocked(fa, "AdamW 2bw lost compute", src, gates_a, "adamw") or _stat(
-            "B1-abs", fa, fa.lost("adamw"), "AdamW 2bw lost compute 1 - f", src, gates_a)
-    b1_abs["detail"] += _width_readings(g, "B1-abs", ("adamw",), widths_a[-1], widths_a,
-                                        lambda f: f"lost {_mean_text(f.lost('adamw'), level_for('B1-abs'))}")
-    return {"B1": rec, "B1-abs": b1_abs}
+    rec[_WIDTH] = w
+    return {"B1": rec, "B1-abs": _b1_abs(g, src)}
+
+
+def _lost_at_widest(g: Gaps, cid: str, opt: str, name: str, src: list[str]) -> tuple[dict, int]:
+    """(the record, the width read) of `opt`'s 2bw lost compute alone, at the widest width where its f has min_n
+    paired seeds, each narrower width's reading in its detail. B1-abs reads AdamW this way, so a Muon f off its
+    ladder (which blocks B1) does not block it."""
+    widths = widths_read(g, (opt,))
+    w = widths[-1]
+    fr = fractions(g, {opt: Spec(opt, "2bw", width=w)})
+    gates = _gates(g, cid, [_key(opt, width=w)])
+    what = f"{name} 2bw lost compute 1 - f"
+    rec = _blocked(fr, what, src, gates, opt) or _stat(cid, fr, fr.lost(opt), what, src, gates)
+    rec["detail"] += _width_readings(g, cid, (opt,), w, widths,
+                                     lambda f: f"lost {_mean_text(f.lost(opt), level_for(cid))}")
+    rec[_WIDTH] = w
+    return rec, w
+
+
+def _b1_abs(g: Gaps, src: list[str]) -> dict:
+    return _lost_at_widest(g, "B1-abs", "adamw", "AdamW", src)[0]
 
 
 def _b2(g: Gaps, src: list[str]) -> dict:
-    widths = widths_read(g, ("muon",))
-    w = widths[-1]
-    fr = fractions(g, {"muon": Spec("muon", "2bw", width=w)})
-    gates = _gates(g, "B2", [_key("muon", width=w)])
-    what = "Muon 2bw lost compute 1 - f"
-    rec = _blocked(fr, what, src, gates, "muon") or _stat("B2", fr, fr.lost("muon"), what, src, gates)
-    level = level_for("B2")
-    rec["detail"] += _width_readings(g, "B2", ("muon",), w, widths,
-                                     lambda f: f"lost {_mean_text(f.lost('muon'), level)}")
+    rec, w = _lost_at_widest(g, "B2", "muon", "Muon", src)
     # the Muon-embedding arm (issue 60): Muon on every matrix, at the same width, beside the claim's arm
     if "muon_all" in _optimizers_at(g, w):
+        level = level_for("B2")
         fa = fractions(g, {"muon_all": Spec("muon_all", "2bw", width=w)})
         rec["detail"] += (f"; beside it, muon_all (the embedding and head on Muon too) at {_width_name(g, w)}: "
                           + (f"lost {_mean_text(fa.lost('muon_all'), level)} ({fa.n} seeds)"
@@ -507,6 +512,7 @@ class BudgetReading:
     part_verdicts: dict[str | None, tuple[str, str]] = field(default_factory=dict)  # part -> (verdict T, 2T)
     at_T: dict = field(default_factory=dict, repr=False)  # the claim's records at T and 2T (their comparisons)
     at_2T: dict = field(default_factory=dict, repr=False)
+    at: str = ""  # " at d 64" where the claim reads a width of the ladder (T is then that width's budget)
 
     @property
     def decided(self) -> bool:
@@ -546,7 +552,7 @@ class BudgetReading:
     def gate(self) -> dict:
         def verdict(v, why):
             return f"{v}" + (f" ({why})" if v == NOT_MEASURED and why else "")
-        head = (f"verdict at T = {self.T}: {verdict(self.verdict_T, self.why_T)}; at 2T = {2 * self.T}: "
+        head = (f"verdict at T = {self.T}{self.at}: {verdict(self.verdict_T, self.why_T)}; at 2T = {2 * self.T}: "
                 f"{verdict(self.verdict_2T, self.why_2T)}")
         why = self.why_open
         if why == MOVES:
@@ -729,9 +735,12 @@ def budget_readings(g: Gaps, scale: str, src: list[str] | None = None,
     at_T = _all(g.at(gate_mode="sync_falls"), src)
     at_2T = _all(g.at(steps=gate_steps(T), gate_mode="none"), src)
     old = _all(g.at(gate_mode="transient"), src)
-    readings = {}
+    readings, budgets = {}, {}
     for cid, rec in at_T.items():
         row = rows[cid]
+        # a claim of the width ladder (B1, B1-abs, B2) reads its width's T and 2T (issue 60): its labels say so
+        width = rec.get(_WIDTH, 0)
+        budgets[cid] = (g.steps_at(width), gate_steps(g.steps_at(width)))
         vT, wT = judge(row, _public(rec), True, scale)
         v2, w2 = judge(row, _public(at_2T[cid]), True, scale)
         vo, wo = judge(row, _public(old[cid]), True, scale)
@@ -740,7 +749,8 @@ def budget_readings(g: Gaps, scale: str, src: list[str] | None = None,
             r1, r2 = _records(rec).get(part, rec), _records(at_2T[cid]).get(part, at_2T[cid])
             parts[part] = (_reading(r1), _reading(r2), _change(r1, r2, check, row["level"]))
             verdicts[part] = (_part_verdict(check, r1, row["min_n"]), _part_verdict(check, r2, row["min_n"]))
-        readings[cid] = BudgetReading(cid, T, vT, wT, v2, w2, vo, wo, parts, verdicts, rec, at_2T[cid])
+        readings[cid] = BudgetReading(cid, budgets[cid][0], vT, wT, v2, w2, vo, wo, parts, verdicts, rec, at_2T[cid],
+                                      f" at {_width_name(g, width)}" if width else "")
     finals = {}
     for cid, rec in at_T.items():
         r = readings[cid]
@@ -753,7 +763,7 @@ def budget_readings(g: Gaps, scale: str, src: list[str] | None = None,
         # record's own reason stands and the rule's reading is only shown.
         gates = [*rec.get("gates", [])] + ([r.gate()] if r.verdict_T != NOT_MEASURED else [])
         finals[cid] = _annotate(g, cid, rows[cid], dict(rec, gates=gates, detail=detail), at_2T[cid],
-                                (T, gate_steps(T)), drift, src, r.why_open)
+                                budgets[cid], drift, src, r.why_open)
     return finals, readings
 
 
@@ -770,18 +780,21 @@ def budget_table(readings: dict) -> pd.DataFrame:
 
 
 BUDGET_NOTE = (
-    "old = round 4's rule (every optimizer read passes the transient gate: a paired TOST of f(2T) - f(T) within "
-    "+-0.05 and the sync loss falls); new = the budget rule of round 5 (issue 47): a claim is decided at T only if "
-    "its own verdict is the same at T and at 2T, and the sync loss of every optimizer read still falls from T to "
-    "2T; why_open (issue 57; round 5 called every open claim 'the verdict moves with the budget'): 'moves' = a "
-    "statistic that is open changes from T to 2T with an interval that excludes 0, or the two budgets' verdicts sit "
-    "on opposite sides of the bound (more seeds would not decide it); 'imprecise at 2T' (or T) = neither: that "
-    "budget's interval spans the bound, and more seeds there could decide it (the power table gives how many); "
-    "changes: the two rules disagree on these runs; change_labels: the paired change of each statistic from T "
-    "to 2T: 'rises'/'falls with the budget' (its interval excludes 0), 'too few seeds' (it includes 0 and its "
-    "half-width exceeds the distance from the T estimate to the check's bound), 'no clear change' (it includes 0 "
-    "and is narrower); statistics: what each reading is of, naming its arms (a part's deciding comparison at T). "
-    "B7 (itself a comparison across lengths) and B8 (paper only) are outside the rule")
+    "T = the budget a claim is read at: the model's own T, or the T of the width it reads where it reads the width "
+    "ladder (B1, B1-abs and B2 read the widest width with their min_n paired seeds, issue 60; T is 15 tokens a "
+    "parameter at every width); old = round 4's rule (every optimizer read passes the transient gate: a paired TOST of"
+    " f(2T) - f(T) within +-0.05 and the sync loss falls); new = the budget rule of round 5 (issue 47): a claim is "
+    "decided at T only if its own verdict is the same at T and at 2T, and the sync loss of every optimizer read still "
+    "falls from T to 2T; why_open (issue 57; round 5 called every open claim 'the verdict moves with the budget'): "
+    "'moves' = a statistic that is open changes from T to 2T with an interval that excludes 0, or the two budgets' "
+    "verdicts sit on opposite sides of the bound (more seeds would not decide it); 'imprecise at 2T' (or T) = neither:"
+    " that budget's interval spans the bound, and more seeds there could decide it (the power table gives how many); "
+    "changes: the two rules disagree on these runs; change_labels: the paired change of each statistic from T to 2T: "
+    "'rises'/'falls with the budget' (its interval excludes 0), 'too few seeds' (it includes 0 and its half-width "
+    "exceeds the distance from the T estimate to the check's bound), 'no clear change' (it includes 0 and is "
+    "narrower); statistics: what each reading is of, naming its arms (a part's deciding comparison at T). B7 (itself a"
+    " comparison across lengths) and B8 (paper only) are outside the rule"
+)
 
 
 def _public(rec: dict) -> dict:
@@ -1004,8 +1017,9 @@ def near_tie_readings(g: Gaps, scale: str, src: list[str], arms: dict[tuple, str
 def _reads(rec: dict, arm: tuple, label: str) -> bool:
     """Whether a record's sources hold a run of `arm` at `label` (its run directories spell the cell)."""
     opt, mom, schedule, depth = arm
+    # a near-tie arm is the model's own width's (sweeps.near_tie): a width-ladder run (under width~<d>/) is not it
     cell = (f"optimizer~{opt}/lr~{label}/", f"/schedule~{schedule}/mitigation~none/depth~{depth}/momentum~{mom:g}/")
-    return any(all(c in s for c in cell) for s in rec.get("sources", []))
+    return any(all(c in s for c in cell) and "width~" not in s for s in rec.get("sources", []))
 
 
 NEAR_TIE_NOTE = (

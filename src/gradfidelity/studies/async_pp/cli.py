@@ -6,7 +6,8 @@ stays fast.
   async-pp-lr-round   one round of the LR grid -> the points the next round trains (a Snakemake checkpoint)
   async-pp-select-lr  the LR grid's metrics.json (every round) -> lr_selection.json + the LR-selection table
   async-pp-aggregate  the metrics.json files given (harness loader, one scale) -> runs.csv + curves.csv
-  async-pp-report     tables, figures and/or claim evidence from the aggregates
+  async-pp-report     tables, figures and/or claim evidence from the aggregates (and the host-drift table,
+                      against an archived round's runs.csv)
   bench-async-pp      simulated step cost and real-pipeline throughput -> results/<scale>/bench/async_pp.json
 
 Each rule passes only the config sections its job reads (`--cfg`, rules.JOB_KEYS), so an edit reruns exactly those
@@ -114,6 +115,17 @@ def _report(args) -> int:
         write_figures(args.runs, args.curves, cfg, {"momentum": args.fig_momentum, "depth": args.fig_depth,
                                                      "ladder": args.fig_ladder, "curves": args.fig_curves,
                                                      "width": args.fig_width})
+    if args.host_drift_table:
+        import os
+
+        from gradfidelity.errors import UserError
+        from gradfidelity.studies.async_pp.aggregate import read_runs
+        from gradfidelity.studies.async_pp.tables import write_host_drift
+
+        if not args.archive_runs:
+            raise UserError("async-pp-report: --host-drift-table needs --archive-runs (an archived round's runs.csv)")
+        write_host_drift(read_runs(args.runs, args.scale), read_runs(args.archive_runs, args.scale),
+                         args.host_drift_table, os.path.dirname(args.archive_runs))
     if args.claims:
         from gradfidelity.studies.async_pp.claims import write_claims
 
@@ -211,6 +223,9 @@ def register(sub) -> None:
                    "reading, written to --near-tie-table)")
     p.add_argument("--claim-source", action="append", help="a path (e.g. a table) to list among every claim "
                    "record's sources, after its run directories and runs.csv; repeatable")
+    p.add_argument("--archive-runs", help="an archived round's runs.csv (async-pp-aggregate of its records): the "
+                   "host-drift table pairs each of its runs with the --runs run of the same cell, seed and LR value")
+    p.add_argument("--host-drift-table", help="the drift between host types per arm (needs --archive-runs)")
     p.set_defaults(func=_report)
 
     p = sub.add_parser("bench-async-pp", help="study B: 2bw step cost and real pipeline throughput")

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from gradfidelity.claims.registry import load_registry
 from gradfidelity.plots import new_figure, save_figure, style_axes
 from gradfidelity.studies.async_pp.config import StudyConfig
 from gradfidelity.studies.async_pp.pairing import Gaps, Spec, fractions
@@ -102,10 +103,18 @@ def fig_width(g: Gaps, path: str) -> None:
                     ls="--" if opt == "muon_all" else "-")
     ax.set_xscale("log", base=2)
     ax.axhline(0, color="grey", lw=0.8)
+    # the claims' own bounds, from the registry (never restated here): B1-abs's AdamW bound, B2's Muon band
+    rows = {r["id"]: r["check"] for r in load_registry() if r["id"] in ("B1-abs", "B2")}
+    ax.axhline(100 * rows["B1-abs"]["threshold"], color="C0", lw=0.8, ls=":",
+               label=f"B1-abs: AdamW > {100 * rows['B1-abs']['threshold']:g}%")
+    ax.axhline(100 * max(rows["B2"]["range"]), color="C1", lw=0.8, ls=":",
+               label=f"B2: Muon < {100 * max(rows['B2']['range']):g}%")
     style_axes(ax, "Lost compute vs width (each width at its T)", "d_model", "lost compute 1 - f, % of T")
     ax.legend(fontsize=7)
+    seeds = ", ".join(f"d {int(r.d_model)} {r.optimizer} {int(r.seeds)}" for r in table.itertuples())
     save_figure(fig, path, caption="The paper's scale argument, as far as this machine reaches: B2 says Muon loses "
-                                   "about 6% at SmolLM's size; muon_all trains the embedding and head with Muon too.")
+                                   "about 6% at SmolLM's size; muon_all trains the embedding and head with Muon too. "
+                                   f"Dotted: the claims' bounds. Paired seeds: {seeds}.")
 
 
 def fig_curves(curves: pd.DataFrame, g: Gaps, path: str) -> None:

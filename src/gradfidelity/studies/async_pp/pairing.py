@@ -193,7 +193,9 @@ class Gaps:
         mom = default_momentum(spec.optimizer) if spec.momentum is None else spec.momentum
         depth = spec.depth if spec.schedule.startswith("pipedream") else 1
         lr = spec.lr_label
-        other = self.lr_for.get((spec.optimizer, round(float(mom), 6), spec.schedule, depth)) if lr == OWN else None
+        # the near-tie arms (sweeps.near_tie) train at the model's own width only: a width-ladder cell keeps its LR
+        other = (self.lr_for.get((spec.optimizer, round(float(mom), 6), spec.schedule, depth))
+                 if lr == OWN and not spec.width else None)
         if other is not None:
             if spec.mitigation != "none":
                 return None
@@ -385,8 +387,12 @@ def sync_falls(g: Gaps, optimizer: str, momentum: float | None = None, head: str
         return gate("sync_falls", False, f"{label}: fewer than 2 paired seeds{p.dropped_note()}")
     fall = t_interval(p["T"] - p["2T"], level)
     ok = fall.low is not None and fall.low > 0.0
+    # a failed gate says which: a ladder at its floor (the mean fall is not above 0) or a fall too scattered over
+    # the seeds to show (a mean fall above 0 whose interval reaches 0: more seeds could show it)
+    why = "" if ok else (" (does not fall: saturated)" if fall.estimate <= 0.0 else
+                         " (not shown to fall: the mean falls, but its interval reaches 0 at this n)")
     return gate("sync_falls", ok, f"{label}: the loss falls {fall.estimate:.4f} [{fall.low:.4f}, {fall.high:.4f}]"
-                                  f"{'' if ok else ' (does not fall: saturated)'}")
+                                  f"{why}")
 
 
 # ------------------------------------------------------------------------------------ host types and run costs

@@ -36,7 +36,10 @@ JOB_KEYS: dict[str, tuple[str, ...]] = {
     "figures": _REPORT,
     "claims": _REPORT,
     "bench": ("model", "data", "train", "bench"),
+    "host_drift": (),  # two runs tables only
 }
+# rules that only a scale with an archived round creates (results/<scale>/archive/async_pp_round5: the cpu scale)
+POSSIBLE_RULES = ("async_pp_archive_runs", "async_pp_host_drift")
 
 
 def job_section(cfg: dict, job: str) -> dict:

@@ -375,3 +375,78 @@ def write_lr_selection(doc: dict, table_csv: str, check_rows: list[dict] | None 
                        "sides (False: it is still at an edge after lr_selection.max_extensions points)",
                        f"near_tie = the next smaller point was within the optimizer's seed-to-seed sd of the best "
                        f"(best_multiplier) and was chosen instead (one step; sd per optimizer: {sds})", *notes])
+
+
+# --------------------------------------------------------------- the drift between host types, per arm (issue 60)
+# A round-6 run and an archived run (rounds 4-5) of the same cell, seed and LR value are the same training twice:
+# on one host type they must agree bit for bit (a record stands for the config that made it), and across two host
+# types their difference is the drift between those hosts, measured per arm on every pair there is.
+DRIFT_KEYS = ["optimizer", "schedule", "mitigation", "depth", "momentum", "head", "steps", "seed", "width"]
+
+
+def _host_type(runs: pd.DataFrame) -> pd.Series:
+    return (runs["cpu_vendor"].astype(str) + " " + runs["cpu_family"].astype(str) + "/"
+            + runs["cpu_model_number"].astype(str))
+
+
+def _paired_runs(current: pd.DataFrame, archive: pd.DataFrame) -> pd.DataFrame:
+    def prepared(runs: pd.DataFrame) -> pd.DataFrame:
+        runs = runs[runs["status"] == "ok"].copy()
+        runs["width"] = runs["width"].fillna(0).astype(int) if "width" in runs else 0
+        runs["lr_key"] = runs["lr_value"].map(lambda v: float(f"{float(v):.12g}"))  # the LR value, not its label
+        runs["host"] = _host_type(runs)
+        return runs[[*DRIFT_KEYS, "lr_key", "final_val_loss", "host"]]
+
+    # an arm whose own LR is its sync-tuned one trains the same cell twice (lr~own, lr~tuned): one pair per cell,
+    # seed, LR value and pair of host types (on one host type the two agree bit for bit, which the table checks)
+    pairs = prepared(current).merge(prepared(archive), on=[*DRIFT_KEYS, "lr_key"], suffixes=("", "_archive"))
+    return pairs.drop_duplicates(subset=[*DRIFT_KEYS, "lr_key", "host", "host_archive"])
+
+
+def host_drift_table(current: pd.DataFrame, archive: pd.DataFrame) -> pd.DataFrame:
+    """Per (archived run's host type, current run's host type, arm): the pairs, how many agree bit for bit, and the
+    final validation loss's difference (current - archived: its largest magnitude, median magnitude and mean); one
+    'every arm' row per pair of host types first."""
+    pairs = _paired_runs(current, archive)
+    pairs["diff"] = pairs["final_val_loss"] - pairs["final_val_loss_archive"]
+    arm = ["optimizer", "schedule", "mitigation", "momentum"]
+
+    def summary(group: pd.DataFrame) -> dict:
+        d = group["diff"]
+        return {"pairs": len(d), "bit_identical": int((d == 0).sum()), "max_abs_diff": float(d.abs().max()),
+                "median_abs_diff": float(d.abs().median()), "mean_diff": float(d.mean())}
+
+    rows = []
+    for (old, new), by_hosts in pairs.groupby(["host_archive", "host"], sort=True):
+        rows.append({"host_archive": old, "host": new, "optimizer": "every arm", **summary(by_hosts)})
+        for key, group in by_hosts.groupby(arm, sort=True):
+            rows.append({"host_archive": old, "host": new, **dict(zip(arm, key, strict=True)), **summary(group)})
+    columns = ["host_archive", "host", *arm, "pairs", "bit_identical", "max_abs_diff", "median_abs_diff",
+               "mean_diff"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def write_host_drift(current: pd.DataFrame, archive: pd.DataFrame, table_csv: str, archive_name: str) -> None:
+    """The host-drift table; refused where a pair of one host type disagrees (a record that does not stand for its
+    config is a defect to find, not a drift to report)."""
+    from gradfidelity.errors import UserError
+
+    table = host_drift_table(current, archive)
+    same = table[(table["host_archive"] == table["host"]) & (table["optimizer"] == "every arm")]
+    bad = same[same["bit_identical"] < same["pairs"]]
+    if len(bad):
+        raise UserError(f"{archive_name}: {int((bad['pairs'] - bad['bit_identical']).sum())} run(s) trained twice on "
+                        f"one host type ({', '.join(bad['host'])}) with the same cell, seed and LR value end at a "
+                        "different loss: a record does not stand for the config that made it")
+    write_table(table, table_csv, floatfmt=".3g",
+                title="Study B: the drift between host types, per arm (the same training in two rounds)",
+                notes=[f"pairs = a current run and an archived run ({archive_name}) of the same cell, seed and LR "
+                       "value (the LR's value, not its label: the rounds chose their LRs at different budgets, so "
+                       "only the arms whose choice did not move pair up); both finished",
+                       "host_archive, host = the CPU (vendor family/model) each ran on; on one host type every pair "
+                       "must agree bit for bit (this table is refused otherwise), across two the difference is "
+                       "the drift between them",
+                       "*_diff = final validation loss, current minus archived, nats: the largest and the median "
+                       "magnitude, and the mean (a sign shared by an arm's pairs would be a bias, not noise)",
+                       "the claims read the current runs only, every contrast on one host type (each claim's "
+                       "hosts); this table says how far a contrast across these two host types would have moved"])
