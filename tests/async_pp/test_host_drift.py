@@ -56,6 +56,10 @@ def test_a_same_host_pair_that_disagrees_is_refused_naming_the_archive(tmp_path)
     with pytest.raises(UserError, match=r"round5: 1 run\(s\) trained twice on one host type.*does not stand"):
         write_host_drift(current, archive, str(tmp_path / "d.csv"), "round5")
     assert not (tmp_path / "d.csv").exists()
+    current, archive = _tables()
+    current.loc[4, "final_val_loss"] = 2.52  # lr~tuned, the same training as row 2's lr~own, another loss
+    with pytest.raises(UserError, match=r"1 cell\(s\) trained twice in one round on one host type"):
+        write_host_drift(current, archive, str(tmp_path / "d.csv"), "round5")
     write_host_drift(*_tables(), str(tmp_path / "d.csv"), "round5")
     assert "same cell, seed and LR value" in (tmp_path / "d.md").read_text()
 

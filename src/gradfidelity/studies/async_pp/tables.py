@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gradfidelity.claims.evidence import level_for
+from gradfidelity.errors import UserError
 from gradfidelity.stats.intervals import t_interval
 from gradfidelity.studies.async_pp.lr_select import RULE
 from gradfidelity.studies.async_pp.pairing import Fractions, Gaps, Paired, Spec, ef_recovery, fractions, transient
@@ -395,10 +396,16 @@ def _paired_runs(current: pd.DataFrame, archive: pd.DataFrame) -> pd.DataFrame:
         runs["width"] = runs["width"].fillna(0).astype(int) if "width" in runs else 0
         runs["lr_key"] = runs["lr_value"].map(lambda v: float(f"{float(v):.12g}"))  # the LR value, not its label
         runs["host"] = _host_type(runs)
+        # an arm whose own LR is its sync-tuned one trains the same cell twice (lr~own, lr~tuned): on one host type
+        # the two must agree bit for bit before one of them may stand for both
+        twice = runs.groupby([*DRIFT_KEYS, "lr_key", "host"])["final_val_loss"].nunique()
+        if (twice > 1).any():
+            raise UserError(f"{int((twice > 1).sum())} cell(s) trained twice in one round on one host type at one LR "
+                            f"value end at different losses (first: {twice[twice > 1].index[0]}): a record does not "
+                            "stand for the config that made it")
         return runs[[*DRIFT_KEYS, "lr_key", "final_val_loss", "host"]]
 
-    # an arm whose own LR is its sync-tuned one trains the same cell twice (lr~own, lr~tuned): one pair per cell,
-    # seed, LR value and pair of host types (on one host type the two agree bit for bit, which the table checks)
+    # one pair per cell, seed, LR value and pair of host types
     pairs = prepared(current).merge(prepared(archive), on=[*DRIFT_KEYS, "lr_key"], suffixes=("", "_archive"))
     return pairs.drop_duplicates(subset=[*DRIFT_KEYS, "lr_key", "host", "host_archive"])
 
@@ -429,8 +436,6 @@ def host_drift_table(current: pd.DataFrame, archive: pd.DataFrame) -> pd.DataFra
 def write_host_drift(current: pd.DataFrame, archive: pd.DataFrame, table_csv: str, archive_name: str) -> None:
     """The host-drift table; refused where a pair of one host type disagrees (a record that does not stand for its
     config is a defect to find, not a drift to report)."""
-    from gradfidelity.errors import UserError
-
     table = host_drift_table(current, archive)
     same = table[(table["host_archive"] == table["host"]) & (table["optimizer"] == "every arm")]
     bad = same[same["bit_identical"] < same["pairs"]]
