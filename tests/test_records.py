@@ -11,7 +11,7 @@ from gradfidelity.errors import UserError
 from gradfidelity.harness.io import atomic_write_csv, atomic_write_json
 from gradfidelity.harness.records import check, restore
 from gradfidelity.harness.results import runs_table
-from gradfidelity.parts import seed_of, split
+from gradfidelity.parts import part_seeds, seed_of, split
 
 AMD = {"cpu_model": "AMD EPYC", "cpu_count": 2, "cpu_vendor": "AuthenticAMD", "cpu_family": 25, "cpu_model_number": 17,
        "cpu_stepping": 1, "cpu_capability": "AVX512", "cpu_flags": "avx2 avx512f avx512_bf16", "cpu_isa_limits": "none"}
@@ -125,6 +125,16 @@ def test_parts_split_by_whole_seeds():
     assert split(["results/cpu/sft_rl/m/base/seed0/metrics.json", "results/cpu/x/lr~x1/metrics.json"], 1, 1)
     with pytest.raises(UserError):
         split(paths, 3, 2)
+
+
+def test_parts_are_cut_from_the_runs_missing_now_so_the_next_part_is_1_of_the_rest():
+    """The trap this guards: after part 1/2's records are committed, '2/2' is the second half of what is left, so
+    running 1/2 then 2/2 skips the middle seeds; the rest split again as 1/1 covers them all."""
+    paths = [f"results/cpu/async_pp/c{c}/seed{s}/metrics.json" for s in range(14, 25) for c in range(2)]
+    assert part_seeds(paths, 2) == [[14, 15, 16, 17, 18], [19, 20, 21, 22, 23, 24]]
+    rest = [p for p in paths if seed_of(p) >= 19]  # part 1's records committed
+    assert part_seeds(rest, 2)[1] == [22, 23, 24]  # '2/2' now: seeds 19-21 would never run
+    assert part_seeds(rest, 1) == [[19, 20, 21, 22, 23, 24]]
 
 
 def test_check_rebuild_forces_analysis_jobs_only_and_leaves_out_studies_without_records(monkeypatch, tmp_path):

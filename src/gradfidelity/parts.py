@@ -4,6 +4,11 @@ Why: a cpu run used to be all or nothing, so what did not fit in about two hours
 records are committed (harness/records.py), so a part that trains some of the missing runs and commits their records
 is kept; the next part plans only what is still missing, and the study's aggregate runs once nothing is.
 
+`k/n` splits the runs missing *now*. Once part 1's records are committed, what is left is split again, so the next
+part is `1/(n-1)`, not `2/n` (which would be the second half of the rest, skipping its first half: not silent, since
+the aggregate refuses while a run is missing, but a session lost). `k > 1` is for machines that all start from one
+commit. Every call prints the seeds of every part, so the choice is visible before anything trains.
+
     gradfidelity cpu-part --study local --part 1/3          # run the first third of the missing runs (by seed)
     gradfidelity cpu-part --study local --part 1/3 --list   # only list them
     gradfidelity cpu-part --study local --status            # what is still missing; exit 1 if anything
@@ -62,6 +67,11 @@ def split(paths: list[str], part: int, parts: int) -> list[str]:
     return [p for p in paths if seed_of(p) in set(chunk)]
 
 
+def part_seeds(paths: list[str], parts: int) -> list[list[int]]:
+    """The seeds of each of `parts` parts of `paths` (split's cut, every part's)."""
+    return [sorted({seed_of(p) for p in split(paths, k, parts)}) for k in range(1, parts + 1)]
+
+
 def parse_part(text: str) -> tuple[int, int]:
     m = re.fullmatch(r"(\d+)/(\d+)", text or "")
     if not m or int(m[2]) < 1:
@@ -86,6 +96,10 @@ def cpu_part(repo: Path, study: str, scale: str = "cpu", part: str | None = None
     chosen = split(missing, k, n)
     print(f"{study} part {k}/{n}: {len(chosen)} of {len(missing)} missing runs (seeds "
           f"{sorted({seed_of(p) for p in chosen})})")
+    if n > 1:
+        cut = "; ".join(f"{i}/{n} seeds {s}" for i, s in enumerate(part_seeds(missing, n), start=1))
+        print(f"the {n} parts of the runs missing now: {cut}. Once this part's records are committed, the rest is "
+              f"split again: the next part is 1/{n - 1}, not {min(k + 1, n)}/{n}", file=sys.stderr)
     if list_only or not chosen:
         print("\n".join(chosen))
         return 0

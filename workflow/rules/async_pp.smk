@@ -224,9 +224,7 @@ rule async_pp_tables:
         momentum=f"{TABLES}/async_pp_momentum.csv",
         momentum_md=report(f"{TABLES}/async_pp_momentum.md", category="async_pp"),
         width=f"{TABLES}/async_pp_width.csv",
-        # not flagged for the HTML report until round 6's last part (issue 60): --report needs every flagged file
-        # present, and the width ladder's outputs wait for that part's aggregate; they join the report with it
-        width_md=f"{TABLES}/async_pp_width.md",
+        width_md=report(f"{TABLES}/async_pp_width.md", category="async_pp"),
     params:
         cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "tables"),
         gf=GF,
@@ -253,9 +251,7 @@ rule async_pp_figures:
         depth=report(f"{FIGURES}/async_pp_depth.png", category="async_pp"),
         ladder=report(f"{FIGURES}/async_pp_ladder.png", category="async_pp"),
         curves=report(f"{FIGURES}/async_pp_curves.png", category="async_pp"),
-        # not flagged for the HTML report until round 6's last part (issue 60): --report needs every flagged file
-        # present, and the width ladder's outputs wait for that part's aggregate; they join the report with it
-        width=f"{FIGURES}/async_pp_width.png",
+        width=report(f"{FIGURES}/async_pp_width.png", category="async_pp"),
     params:
         cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "figures"),
         gf=GF,
@@ -362,8 +358,7 @@ if ASYNC_PP_ARCHIVED:
             archive=f"{ASYNC_PP_ARCHIVE}/runs.csv",
         output:
             csv=ASYNC_PP_HOST_DRIFT[0],
-            # not flagged for the HTML report until round 6's last part (issue 60): it reads that part's aggregate
-            md=ASYNC_PP_HOST_DRIFT[1],
+            md=report(ASYNC_PP_HOST_DRIFT[1], category="async_pp"),
         params:
             cfg=_ap_rules.job_cfg(ASYNC_PP_CFG, "host_drift"),
             gf=GF,

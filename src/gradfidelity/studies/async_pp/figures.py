@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import NullLocator
 
 from gradfidelity.claims.registry import load_registry
 from gradfidelity.plots import new_figure, save_figure, style_axes
@@ -102,6 +103,9 @@ def fig_width(g: Gaps, path: str) -> None:
         ax.errorbar(rows.d_model, lost, yerr=np.nan_to_num(yerr), marker="o", capsize=2, label=opt, color=f"C{i}",
                     ls="--" if opt == "muon_all" else "-")
     ax.set_xscale("log", base=2)
+    widths = sorted(int(d) for d in table.d_model.unique())
+    ax.set_xticks(widths, [str(d) for d in widths])  # the widths themselves, not 2^5 .. 2^7
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.axhline(0, color="grey", lw=0.8)
     # the claims' own bounds, from the registry (never restated here): B1-abs's AdamW bound, B2's Muon band
     rows = {r["id"]: r["check"] for r in load_registry() if r["id"] in ("B1-abs", "B2")}
