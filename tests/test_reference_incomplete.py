@@ -237,12 +237,16 @@ def test_a_real_call_stops_at_its_deadline_and_keeps_the_finished_run(standin):
 
 
 def test_ctrl_c_stops_a_real_call_and_keeps_the_finished_run(standin):
+    # A shell starts a background job (`make test &`, nohup) with SIGINT ignored, and Python then keeps it ignored:
+    # Ctrl-C's handler is set here, as an interactive session has it, so the test reads the call, not how it started.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(3.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     try:
         call = snakemake_call(standin, Call("t", ["r/a", "r/b"]), 1, ())
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, before)
     assert call.status == INTERRUPTED and call.finished == ["r/a"]
 
 
