@@ -98,8 +98,9 @@ def cpu_part(repo: Path, study: str, scale: str = "cpu", part: str | None = None
           f"{sorted({seed_of(p) for p in chosen})})")
     if n > 1:
         cut = "; ".join(f"{i}/{n} seeds {s}" for i, s in enumerate(part_seeds(missing, n), start=1))
+        not_next = f", not {k + 1}/{n}" if k < n else ""
         print(f"the {n} parts of the runs missing now: {cut}. Once this part's records are committed, the rest is "
-              f"split again: the next part is 1/{n - 1}, not {min(k + 1, n)}/{n}", file=sys.stderr)
+              f"split again: the next part is 1/{n - 1}{not_next}", file=sys.stderr)
     if list_only or not chosen:
         print("\n".join(chosen))
         return 0
